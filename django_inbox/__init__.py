@@ -1,0 +1,52 @@
+"""Exactly-once processing of incoming messages for Django: the transactional inbox."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import (
+    HandlerAlreadyRegistered,
+    InvalidField,
+    InvalidMessage,
+    InvalidMessageId,
+    InvalidPayload,
+    Park,
+    PayloadTooLarge,
+    Reject,
+    Retry,
+    UnknownEventType,
+)
+from .outcomes import Outcome
+from .registry import inbox_handler
+
+if TYPE_CHECKING:
+    from .delivery import deliver, store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HandlerAlreadyRegistered",
+    "InvalidField",
+    "InvalidMessage",
+    "InvalidMessageId",
+    "InvalidPayload",
+    "Outcome",
+    "Park",
+    "PayloadTooLarge",
+    "Reject",
+    "Retry",
+    "UnknownEventType",
+    "deliver",
+    "inbox_handler",
+    "store",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # deliver/store import the model, which needs the app registry: load them on first use so
+    # `from django_inbox import inbox_handler` works in settings-time imports.
+    if name in ("deliver", "store"):
+        from . import delivery
+
+        return getattr(delivery, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

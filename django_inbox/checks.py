@@ -1,0 +1,179 @@
+"""System checks for what users can get wrong. Ids: ``django_inbox.E0xx`` / ``W0xx``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+
+from .conf import DEFAULTS, POLICY_KEYS, UNHANDLED_CHOICES
+from .durations import to_seconds
+from .registry import registry
+
+SUPPORTED_VENDORS = ("postgresql", "sqlite")
+
+
+def _setting(name: str) -> Any:
+    return getattr(settings, name, DEFAULTS[name])
+
+
+@register(Tags.compatibility)
+def check_handler_modules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    return [
+        Error(
+            f"The inbox handler module {path!r} failed to import; its handlers are not "
+            "registered and their messages would go dead.",
+            hint=tb.strip().splitlines()[-1] if tb.strip() else None,
+            obj=path,
+            id="django_inbox.E001",
+        )
+        for path, tb in registry.import_errors
+    ]
+
+
+def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    attempts = values.get("max_attempts")
+    if attempts is not None and (
+        isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1
+    ):
+        errors.append(
+            Error(
+                f"{where} max attempts must be a positive integer, got {attempts!r}.",
+                id="django_inbox.E002",
+            )
+        )
+    seconds: dict[str, float] = {}
+    for key in ("backoff_base", "backoff_max", "lease", "retention"):
+        if key not in values:
+            continue
+        try:
+            seconds[key] = to_seconds(values[key])
+        except ValueError as exc:
+            errors.append(Error(f"{where} {key}: {exc}.", id="django_inbox.E003"))
+    if "backoff_base" in seconds and seconds["backoff_base"] <= 0:
+        errors.append(
+            Error(f"{where} backoff base must be more than zero seconds.", id="django_inbox.E003")
+        )
+    if (
+        "backoff_base" in seconds
+        and "backoff_max" in seconds
+        and seconds["backoff_max"] < seconds["backoff_base"]
+    ):
+        errors.append(
+            Error(
+                f"{where} backoff max ({seconds['backoff_max']}s) is shorter than its base "
+                f"({seconds['backoff_base']}s).",
+                id="django_inbox.E003",
+            )
+        )
+    if "lease" in seconds and seconds["lease"] < 1:
+        errors.append(
+            Error(
+                f"{where} lease is {seconds['lease']}s; a lease under a second expires while "
+                "handlers still run, so their work is rolled back and retried for ever.",
+                id="django_inbox.E004",
+            )
+        )
+    return errors
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    errors = _policy_errors("INBOX_*", {key: _setting(name) for key, name in POLICY_KEYS.items()})
+
+    consumers = _setting("INBOX_CONSUMERS")
+    if not isinstance(consumers, dict):
+        errors.append(
+            Error(
+                "INBOX_CONSUMERS must be a dict of consumer name to policy dict.",
+                id="django_inbox.E005",
+            )
+        )
+        consumers = {}
+    known = registry.consumers()
+    for name, policy in consumers.items():
+        if not isinstance(policy, dict):
+            errors.append(
+                Error(f"INBOX_CONSUMERS[{name!r}] must be a dict.", id="django_inbox.E005")
+            )
+            continue
+        unknown = sorted(set(policy) - set(POLICY_KEYS))
+        if unknown:
+            errors.append(
+                Error(
+                    f"INBOX_CONSUMERS[{name!r}] has unknown keys {unknown}.",
+                    hint=f"Known keys: {', '.join(POLICY_KEYS)}.",
+                    id="django_inbox.E005",
+                )
+            )
+        errors.extend(_policy_errors(f"INBOX_CONSUMERS[{name!r}]", policy))
+        if known and name not in known:
+            errors.append(
+                Warning(
+                    f"INBOX_CONSUMERS names {name!r}, which has no handlers.",
+                    hint=f"Consumers with handlers: {', '.join(known)}. A typo?",
+                    id="django_inbox.W001",
+                )
+            )
+
+    unhandled = _setting("INBOX_UNHANDLED")
+    if unhandled not in UNHANDLED_CHOICES:
+        errors.append(
+            Error(
+                f"INBOX_UNHANDLED must be one of {UNHANDLED_CHOICES}, got {unhandled!r}.",
+                id="django_inbox.E006",
+            )
+        )
+    for name in ("INBOX_MAX_PAYLOAD_BYTES", "INBOX_BATCH_SIZE"):
+        value = _setting(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            errors.append(
+                Error(f"{name} must be a positive integer, got {value!r}.", id="django_inbox.E007")
+            )
+    return errors
+
+
+@register(Tags.database)
+def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The inbox's promise needs real transactions on the database its rows live in."""
+    alias = _setting("INBOX_DATABASE")
+    databases = settings.DATABASES
+    if alias not in databases:
+        return [
+            Error(
+                f"INBOX_DATABASE is {alias!r}, which is not in DATABASES.",
+                id="django_inbox.E008",
+            )
+        ]
+    config = databases[alias]
+    errors: list[CheckMessage] = []
+    if config.get("AUTOCOMMIT", True) is False:
+        errors.append(
+            Error(
+                f"DATABASES[{alias!r}] sets AUTOCOMMIT = False, which turns off Django's "
+                "transaction management; the inbox cannot commit a message with its effects.",
+                id="django_inbox.E009",
+            )
+        )
+    engine = str(config.get("ENGINE", ""))
+    if "mysql" in engine:
+        options = config.get("OPTIONS", {}) or {}
+        init = str(options.get("init_command", "")).lower()
+        if "myisam" in init:
+            errors.append(
+                Error(
+                    f"DATABASES[{alias!r}] uses MyISAM, which has no transactions.",
+                    id="django_inbox.E009",
+                )
+            )
+    if not any(vendor in engine for vendor in SUPPORTED_VENDORS):
+        errors.append(
+            Warning(
+                f"DATABASES[{alias!r}] uses {engine!r}. The inbox's guarantees are tested on "
+                "PostgreSQL (and SQLite for single-process use) only.",
+                id="django_inbox.W002",
+            )
+        )
+    return errors

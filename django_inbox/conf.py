@@ -1,0 +1,132 @@
+"""Lazy, typed access to the ``INBOX_*`` settings and per-consumer policies.
+
+Nothing here reads :mod:`django.conf.settings` at import time, and no default is ever written
+into it: each attribute of :data:`inbox_settings` looks the setting up when it is read, so
+``override_settings`` in tests and late configuration both work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from .durations import to_seconds
+
+DEFAULTS: dict[str, Any] = {
+    "INBOX_MAX_ATTEMPTS": 8,
+    "INBOX_BACKOFF_BASE": 2.0,
+    "INBOX_BACKOFF_MAX": 3600.0,
+    "INBOX_LEASE": 300.0,
+    "INBOX_RETENTION": 30 * 86400.0,
+    "INBOX_ALLOW_REPLAY_COMPLETED": False,
+    "INBOX_CONSUMERS": {},
+    "INBOX_MAX_PAYLOAD_BYTES": 1024 * 1024,
+    "INBOX_HANDLERS_MODULE": "inbox_handlers",
+    "INBOX_DATABASE": "default",
+    "INBOX_UNHANDLED": "dead",
+    "INBOX_BATCH_SIZE": 100,
+    "INBOX_POLL_INTERVAL": 1.0,
+}
+
+#: Keys a consumer may override in ``INBOX_CONSUMERS`` and the global setting each one defaults to.
+POLICY_KEYS: dict[str, str] = {
+    "max_attempts": "INBOX_MAX_ATTEMPTS",
+    "backoff_base": "INBOX_BACKOFF_BASE",
+    "backoff_max": "INBOX_BACKOFF_MAX",
+    "lease": "INBOX_LEASE",
+    "retention": "INBOX_RETENTION",
+    "allow_replay_completed": "INBOX_ALLOW_REPLAY_COMPLETED",
+}
+
+UNHANDLED_CHOICES = ("dead", "refuse")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How one consumer's messages are retried, leased and kept. Durations are seconds."""
+
+    max_attempts: int
+    backoff_base: float
+    backoff_max: float
+    lease: float
+    retention: float
+    allow_replay_completed: bool
+
+
+class InboxSettings:
+    """Typed view of the ``INBOX_*`` settings, resolved on every attribute access."""
+
+    def _get(self, name: str) -> Any:
+        return getattr(settings, name, DEFAULTS[name])
+
+    @property
+    def max_attempts(self) -> int:
+        return int(self._get("INBOX_MAX_ATTEMPTS"))
+
+    @property
+    def backoff_base(self) -> float:
+        return to_seconds(self._get("INBOX_BACKOFF_BASE"))
+
+    @property
+    def backoff_max(self) -> float:
+        return to_seconds(self._get("INBOX_BACKOFF_MAX"))
+
+    @property
+    def lease(self) -> float:
+        return to_seconds(self._get("INBOX_LEASE"))
+
+    @property
+    def retention(self) -> float:
+        return to_seconds(self._get("INBOX_RETENTION"))
+
+    @property
+    def allow_replay_completed(self) -> bool:
+        return bool(self._get("INBOX_ALLOW_REPLAY_COMPLETED"))
+
+    @property
+    def consumers(self) -> dict[str, dict[str, Any]]:
+        return dict(self._get("INBOX_CONSUMERS") or {})
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return int(self._get("INBOX_MAX_PAYLOAD_BYTES"))
+
+    @property
+    def handlers_module(self) -> str:
+        return str(self._get("INBOX_HANDLERS_MODULE"))
+
+    @property
+    def database(self) -> str:
+        return str(self._get("INBOX_DATABASE"))
+
+    @property
+    def unhandled(self) -> str:
+        return str(self._get("INBOX_UNHANDLED"))
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._get("INBOX_BATCH_SIZE"))
+
+    @property
+    def poll_interval(self) -> float:
+        return to_seconds(self._get("INBOX_POLL_INTERVAL"))
+
+    def policy(self, consumer: str) -> Policy:
+        """The policy for ``consumer``: ``INBOX_CONSUMERS[consumer]`` over the global settings."""
+        overrides = self.consumers.get(consumer) or {}
+        values: dict[str, Any] = {}
+        for key, setting in POLICY_KEYS.items():
+            values[key] = overrides[key] if key in overrides else self._get(setting)
+        return Policy(
+            max_attempts=int(values["max_attempts"]),
+            backoff_base=to_seconds(values["backoff_base"]),
+            backoff_max=to_seconds(values["backoff_max"]),
+            lease=to_seconds(values["lease"]),
+            retention=to_seconds(values["retention"]),
+            allow_replay_completed=bool(values["allow_replay_completed"]),
+        )
+
+
+inbox_settings = InboxSettings()

@@ -1,0 +1,243 @@
+"""``deliver()`` and ``store()``: how messages enter the inbox."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from . import history
+from .conf import inbox_settings
+from .exceptions import InvalidPayload, Reject, UnknownEventType
+from .models import InboxMessage
+from .outcomes import Outcome
+from .processing import (
+    claim_batch,
+    failure_outcome,
+    log_failure,
+    no_handler_reason,
+    process_claimed,
+)
+from .registry import Handler, registry
+from .retry import RetryPolicy
+from .storage import NewRow, insert_row
+from .validation import CONSUMER_MAX, clean_message_id, clean_text, encode_json
+
+logger = logging.getLogger("django_inbox")
+Status = InboxMessage.Status
+
+_STATUS_OUTCOMES = {
+    Status.COMPLETED: Outcome.DUPLICATE,
+    Status.DEAD: Outcome.DEAD,
+    Status.PARKED: Outcome.PARKED,
+    Status.FAILED: Outcome.FAILED,
+    Status.IN_PROGRESS: Outcome.IN_PROGRESS,
+    # A ``received`` row we could not claim is being claimed by a worker right now.
+    Status.RECEIVED: Outcome.IN_PROGRESS,
+}
+
+
+def _prepare(
+    consumer: str,
+    message_id: object,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None,
+    source: str | None,
+    key: str | None,
+) -> NewRow:
+    """Validate every argument; raise an :class:`~django_inbox.InvalidMessage` subclass."""
+    if headers is not None and not isinstance(headers, Mapping):
+        raise InvalidPayload(f"headers must be a mapping, got {type(headers).__name__}")
+    max_bytes = inbox_settings.max_payload_bytes
+    return NewRow(
+        consumer=clean_text("consumer", consumer, required=True, max_length=CONSUMER_MAX),
+        message_id=clean_message_id(message_id),
+        event_type=clean_text("event_type", event_type, required=True),
+        source=clean_text("source", source, required=False),
+        key=clean_text("key", key, required=False),
+        payload=encode_json("payload", payload, max_bytes=max_bytes),
+        headers=encode_json("headers", dict(headers or {}), max_bytes=max_bytes),
+    )
+
+
+def _unhandled(row: NewRow, using: str) -> Outcome | None:
+    """Keep a message nobody handles as ``dead`` (or refuse it); ``None`` if it existed."""
+    reason = no_handler_reason(row.consumer, row.event_type)
+    if inbox_settings.unhandled == "refuse":
+        raise UnknownEventType(reason)
+    now = timezone.now()
+    entry = history.error_entry(
+        Reject(reason), attempt=0, at=now, outcome=Status.DEAD, error_type="NoHandler"
+    )
+    row.status = Status.DEAD
+    row.last_error = history.summary(entry)
+    row.history = json.dumps([entry])
+    if insert_row(row, now, using) is None:
+        return None
+    logger.error(
+        "inbox %s/%s %s stored dead: no handler", row.consumer, row.event_type, row.message_id
+    )
+    return Outcome.DEAD
+
+
+def _materialise(row: NewRow, pk: int) -> InboxMessage:
+    """The row as the handler sees it, built without a query."""
+    return InboxMessage(
+        id=pk,
+        consumer=row.consumer,
+        message_id=row.message_id,
+        source=row.source,
+        event_type=row.event_type,
+        key=row.key,
+        payload=json.loads(row.payload),
+        headers=json.loads(row.headers),
+        status=row.status,
+        attempts=row.attempts,
+        processed_at=row.processed_at,
+    )
+
+
+def deliver(
+    *,
+    consumer: str,
+    message_id: str,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None = None,
+    source: str | None = "",
+    key: str | None = "",
+) -> Outcome:
+    """Store one message and process it inline; return what happened as an :class:`Outcome`.
+
+    Args:
+        consumer: the consumer (service or projection) the message is for; deduplication is
+            scoped to it.
+        message_id: the producer's stable id of the message (at most 255 characters).
+        event_type: selects the handler registered with ``@inbox_handler``.
+        payload: the message body; anything JSON can hold.
+        headers: broker or HTTP headers worth keeping (JSON mapping).
+        source: where the message came from (queue, webhook sender, CloudEvents source).
+        key: ordering or partition key.
+
+    A new message's row, the handler's writes and the ``completed`` status commit in one
+    transaction. A handler exception rolls the handler's writes back and records the failure
+    in a transaction of its own; it is returned as ``FAILED``, ``DEAD`` or ``PARKED``, never
+    raised. Bad input raises an :class:`~django_inbox.InvalidMessage` (a ``ValueError``) and
+    stores nothing. Database errors of the inbox itself are raised: nothing was committed.
+    """
+    row = _prepare(consumer, message_id, event_type, payload, headers, source, key)
+    using = inbox_settings.database
+    handler = registry.get(row.consumer, row.event_type)
+    if handler is None:
+        outcome = _unhandled(row, using)
+        return outcome if outcome is not None else _deliver_existing(row, using)
+
+    now = timezone.now()
+    row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
+    pk: int | None = None
+    try:
+        with transaction.atomic(using=using):
+            pk = insert_row(row, now, using)
+            if pk is not None:
+                handler.func(_materialise(row, pk))
+    except Exception as exc:
+        if pk is None:
+            raise  # the inbox's own insert failed: nothing is stored, let the caller retry
+        return _record_first_failure(row, exc, handler, using)
+    if pk is None:
+        return _deliver_existing(row, using)
+    return Outcome.PROCESSED
+
+
+def _record_first_failure(row: NewRow, exc: Exception, handler: Handler, using: str) -> Outcome:
+    """Store a new message whose first attempt failed (its own transaction)."""
+    now = timezone.now()
+    policy = RetryPolicy.for_handler(row.consumer, handler)
+    status, delay = failure_outcome(exc, 1, policy)
+    entry = history.error_entry(exc, attempt=1, at=now, outcome=status)
+    row.status, row.attempts, row.processed_at = status, 1, None
+    row.last_error = history.summary(entry)
+    row.history = json.dumps([entry])
+    row.next_attempt_at = None if delay is None else now + timedelta(seconds=delay)
+    if insert_row(row, now, using) is None:
+        # A concurrent delivery stored it while ours rolled back; report that one's state.
+        return _deliver_existing(row, using)
+    log_failure(_materialise(row, 0), entry, status, row.next_attempt_at)
+    return Outcome(status)
+
+
+def _current_status(row: NewRow, using: str) -> str | None:
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {quote('status')} FROM {quote(InboxMessage._meta.db_table)} "
+            f"WHERE {quote('consumer')} = %s AND {quote('message_id')} = %s",
+            [row.consumer, row.message_id],
+        )
+        found = cursor.fetchone()
+    return None if found is None else str(found[0])
+
+
+def _deliver_existing(row: NewRow, using: str, *, again: bool = True) -> Outcome:
+    """The message's row exists: report it, or process it if it is due and free."""
+    status = _current_status(row, using)
+    if status == Status.COMPLETED:
+        return Outcome.DUPLICATE
+    if status in (Status.RECEIVED, Status.FAILED, Status.IN_PROGRESS):
+        claimed = claim_batch(row.consumer, 1, using=using, message_id=row.message_id)
+        if claimed:
+            return process_claimed(claimed[0], using=using)
+        status = _current_status(row, using)
+    if status is None:
+        # Purged between our insert and our look: it is new again.
+        if again:
+            return _deliver_again(row, using)
+        return Outcome.IN_PROGRESS
+    return _STATUS_OUTCOMES[Status(status)]
+
+
+def _deliver_again(row: NewRow, using: str) -> Outcome:
+    return deliver(
+        consumer=row.consumer,
+        message_id=row.message_id,
+        event_type=row.event_type,
+        payload=json.loads(row.payload),
+        headers=json.loads(row.headers),
+        source=row.source,
+        key=row.key,
+    )
+
+
+def store(
+    *,
+    consumer: str,
+    message_id: str,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None = None,
+    source: str | None = "",
+    key: str | None = "",
+) -> bool:
+    """Store one message for a worker to process later; return ``True`` if it was new.
+
+    Takes the same arguments as :func:`deliver`. Use it to acknowledge a broker message as
+    soon as the inbox holds it (ack-after-store); ``manage.py inbox_process`` or the Celery
+    task then runs the handler. The row commits with the caller's transaction, if any.
+    A message with no handler is stored ``dead`` with the reason (or refused, see
+    ``INBOX_UNHANDLED``).
+    """
+    row = _prepare(consumer, message_id, event_type, payload, headers, source, key)
+    using = inbox_settings.database
+    if registry.get(row.consumer, row.event_type) is None:
+        return _unhandled(row, using) is not None
+    now = timezone.now()
+    row.next_attempt_at = now
+    return insert_row(row, now, using) is not None
+

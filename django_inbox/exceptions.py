@@ -1,0 +1,63 @@
+"""Exceptions users raise in handlers and receive for bad input."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class InvalidMessage(ValueError):
+    """A message was refused before anything was stored. Subclasses say why."""
+
+
+class InvalidMessageId(InvalidMessage):
+    """The message id is missing, empty, too long or not text."""
+
+
+class InvalidField(InvalidMessage):
+    """``consumer``, ``event_type``, ``source`` or ``key`` is empty, too long or not text."""
+
+
+class InvalidPayload(InvalidMessage):
+    """The payload or headers cannot be stored as JSON (not serialisable, NaN/Infinity, NUL)."""
+
+
+class PayloadTooLarge(InvalidPayload):
+    """The encoded payload is larger than ``INBOX_MAX_PAYLOAD_BYTES``."""
+
+
+class UnknownEventType(InvalidMessage):
+    """No handler exists for the message and ``INBOX_UNHANDLED = "refuse"``."""
+
+
+class HandlerAlreadyRegistered(ImproperlyConfigured):
+    """A second handler was registered for one ``(consumer, event_type)``."""
+
+
+class HandlerOutcome(Exception):
+    """Base of the exceptions a handler raises to choose what happens to its message."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Reject(HandlerOutcome):
+    """The message can never succeed: mark it ``dead`` at once, without retries."""
+
+
+class Park(HandlerOutcome):
+    """Set the message aside as ``parked`` for an operator to look at."""
+
+
+class Retry(HandlerOutcome):
+    """Fail this attempt and retry after ``delay`` seconds (or the policy's backoff)."""
+
+    def __init__(self, reason: str = "", *, delay: float | None = None) -> None:
+        super().__init__(reason)
+        if delay is not None and not delay >= 0:
+            raise ValueError(f"Retry delay must be a non-negative number of seconds, got {delay!r}")
+        self.delay = delay
+
+
+class LeaseLost(Exception):
+    """Internal: the worker's lease was taken over; its work was rolled back."""

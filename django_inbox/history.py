@@ -1,0 +1,63 @@
+"""Entries of a row's ``history``: one per failed attempt and per operator action."""
+
+from __future__ import annotations
+
+import traceback
+from datetime import datetime
+from typing import Any
+
+from .exceptions import HandlerOutcome
+
+MAX_ENTRIES = 100
+MAX_MESSAGE = 2000
+MAX_TRACEBACK = 8000
+
+
+def error_entry(
+    exc: BaseException | None,
+    *,
+    attempt: int,
+    at: datetime,
+    outcome: str,
+    error_type: str | None = None,
+    message: str | None = None,
+) -> dict[str, Any]:
+    """Describe a failed attempt. Tracebacks keep their last lines, where the error is."""
+    if exc is not None:
+        error_type = error_type or type(exc).__name__
+        message = message if message is not None else _message(exc)
+        if isinstance(exc, HandlerOutcome):
+            tb = ""
+        else:
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    else:
+        tb = ""
+    return {
+        "kind": "error",
+        "at": at.isoformat(),
+        "attempt": attempt,
+        "type": error_type or "Error",
+        "message": (message or "")[:MAX_MESSAGE],
+        "traceback": tb[-MAX_TRACEBACK:],
+        "outcome": outcome,
+    }
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, HandlerOutcome):
+        return exc.reason
+    return str(exc)
+
+
+def summary(entry: dict[str, Any]) -> str:
+    """The one line kept in ``last_error``."""
+    text = f"{entry['type']}: {entry['message']}" if entry["message"] else entry["type"]
+    return text[:MAX_MESSAGE]
+
+
+def append(history: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """``history`` with ``entry`` added, keeping the first entry and the newest ones."""
+    entries = [*history, entry]
+    if len(entries) > MAX_ENTRIES:
+        entries = [entries[0], *entries[-(MAX_ENTRIES - 1) :]]
+    return entries

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...durations import to_seconds
+from ...registry import registry
+from ...worker import Worker
+
+
+def _seconds(value: str) -> float:
+    try:
+        return to_seconds(value)
+    except ValueError as exc:
+        from argparse import ArgumentTypeError
+
+        raise ArgumentTypeError(str(exc)) from None
+
+
+class Command(BaseCommand):
+    help = (
+        "Process stored inbox messages: new ones, failed ones due for retry, and ones whose "
+        "worker died. Runs until stopped (SIGTERM/SIGINT: finish the current message, give "
+        "back the rest of the batch, exit 0; a second signal rolls back and exits 1). "
+        "Exit codes: 0 stopped normally, 1 interrupted, 2 misconfigured."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--consumer",
+            action="append",
+            dest="consumers",
+            default=[],
+            help="Consumer to process; repeat for several. Default: every consumer with handlers.",
+        )
+        parser.add_argument(
+            "--batch-size", type=int, default=None, help="Rows claimed per query (INBOX_BATCH_SIZE)."
+        )
+        parser.add_argument(
+            "--max-messages", type=int, default=None, help="Exit after handling this many."
+        )
+        parser.add_argument(
+            "--until-idle",
+            type=_seconds,
+            default=None,
+            metavar="SECONDS",
+            help="Exit 0 once nothing was due for this long (0: as soon as drained).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=_seconds,
+            default=None,
+            metavar="SECONDS",
+            help="Sleep between polls when nothing is due (INBOX_POLL_INTERVAL).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        consumers: list[str] = options["consumers"]
+        unknown = [c for c in consumers if c not in registry.consumers()]
+        if unknown:
+            raise CommandError(
+                f"No handlers are registered for consumer(s) {unknown!r}; known consumers: "
+                f"{registry.consumers()!r}.",
+                returncode=2,
+            )
+        for name in ("batch_size", "max_messages"):
+            if options[name] is not None and options[name] < 1:
+                raise CommandError(f"--{name.replace('_', '-')} must be at least 1.", returncode=2)
+        worker = Worker(
+            consumers,
+            batch_size=options["batch_size"],
+            max_messages=options["max_messages"],
+            until_idle=options["until_idle"],
+            poll_interval=options["poll_interval"],
+        )
+        with worker.shutdown.handling_signals():
+            stats = worker.run()
+        if options["verbosity"] >= 1:
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
+            self.stdout.write(f"inbox_process: handled {stats.handled} ({counts})")

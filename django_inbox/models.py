@@ -1,0 +1,128 @@
+"""The inbox table: one row per ``(consumer, message_id)``."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+#: Statuses a worker polls. For ``in_progress`` rows ``next_attempt_at`` is the lease expiry,
+#: so one indexed predicate (``status IN … AND next_attempt_at <= now``) finds every row
+#: that needs a worker: new, due for retry, or abandoned by a dead worker.
+POLLED_STATUSES = ("received", "failed", "in_progress")
+
+
+class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
+    def for_consumer(self, consumer: str | None) -> InboxMessageQuerySet:
+        return self if consumer is None else self.filter(consumer=consumer)
+
+    def pending(self) -> InboxMessageQuerySet:
+        """Rows that still need processing (new, failed, or being processed)."""
+        return self.filter(status__in=POLLED_STATUSES)
+
+    def due(self, now: datetime | None = None) -> InboxMessageQuerySet:
+        """Rows a worker may claim now: new, due for retry, or whose lease expired."""
+        return self.filter(status__in=POLLED_STATUSES, next_attempt_at__lte=now or timezone.now())
+
+    def completed(self) -> InboxMessageQuerySet:
+        return self.filter(status=InboxMessage.Status.COMPLETED)
+
+    def failed(self) -> InboxMessageQuerySet:
+        return self.filter(status=InboxMessage.Status.FAILED)
+
+    def dead(self) -> InboxMessageQuerySet:
+        return self.filter(status=InboxMessage.Status.DEAD)
+
+    def parked(self) -> InboxMessageQuerySet:
+        return self.filter(status=InboxMessage.Status.PARKED)
+
+    def stale(self, now: datetime | None = None) -> InboxMessageQuerySet:
+        """``in_progress`` rows whose lease has expired: their worker died or hangs."""
+        return self.filter(
+            status=InboxMessage.Status.IN_PROGRESS, locked_until__lt=now or timezone.now()
+        )
+
+
+class InboxMessage(models.Model):
+    class Status(models.TextChoices):
+        RECEIVED = "received", _("received")
+        IN_PROGRESS = "in_progress", _("in progress")
+        COMPLETED = "completed", _("completed")
+        FAILED = "failed", _("failed")
+        DEAD = "dead", _("dead")
+        PARKED = "parked", _("parked")
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(max_length=100)
+    message_id = models.CharField(max_length=255)
+    source = models.CharField(max_length=255, blank=True, default="")
+    event_type = models.CharField(max_length=255)
+    key = models.CharField(
+        max_length=255, blank=True, default="", help_text=_("Ordering or partition key.")
+    )
+    payload = models.JSONField()
+    headers = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.RECEIVED)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    history = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=_("One entry per failed attempt and per operator action, oldest first."),
+    )
+    received_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    next_attempt_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=_("When a worker should next look at the row (lease expiry while in progress)."),
+    )
+    locked_until = models.DateTimeField(null=True, blank=True)
+    lease_id = models.CharField(max_length=36, blank=True, default="")
+    processed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = InboxMessageQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("inbox message")
+        verbose_name_plural = _("inbox messages")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "message_id"], name="django_inbox_unique_consumer_message"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["consumer", "next_attempt_at"],
+                condition=Q(status__in=POLLED_STATUSES),
+                name="django_inbox_polled_idx",
+            ),
+        ]
+        permissions = [
+            ("replay_inboxmessage", "Can replay dead or parked inbox messages"),
+            ("park_inboxmessage", "Can park inbox messages"),
+            ("retry_inboxmessage", "Can retry failed inbox messages now"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer}:{self.message_id} ({self.status})"
+
+    @property
+    def idempotency_key(self) -> str:
+        """A stable key for calls to outside systems (payment APIs, e-mail providers).
+
+        The same for every attempt and replay of this message in this consumer, at most 70
+        ASCII characters, so it fits the idempotency-key limits of common APIs.
+        """
+        digest = hashlib.sha256(f"{self.consumer}\x00{self.message_id}".encode()).hexdigest()
+        return f"inbox-{digest}"
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        """The error entries of :attr:`history`, one per failed attempt."""
+        return [entry for entry in self.history if entry.get("kind") == "error"]

@@ -1,0 +1,250 @@
+"""Claiming stored rows and running their handlers: the one code path every worker uses.
+
+A claim commits ``in_progress``, the counted attempt and a lease (``lease_id`` plus
+``locked_until``) *before* the handler runs, so a message that kills its worker still reaches
+``dead`` after ``max_attempts``. The handler's writes commit together with a fenced
+``UPDATE … WHERE lease_id = <ours>``: a worker whose lease was taken over updates nothing and
+rolls its work back.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from . import history
+from .conf import inbox_settings
+from .exceptions import LeaseLost, Park, Reject, Retry
+from .models import POLLED_STATUSES, InboxMessage
+from .outcomes import Outcome
+from .registry import Handler, registry
+from .retry import RetryPolicy
+from .storage import complete_row
+
+logger = logging.getLogger("django_inbox")
+Status = InboxMessage.Status
+
+
+def no_handler_reason(consumer: str, event_type: str) -> str:
+    return (
+        f"no handler is registered for event type {event_type!r} in consumer {consumer!r}; "
+        "replay the message once one exists"
+    )
+
+
+def claim_batch(
+    consumer: str, limit: int, *, using: str | None = None, message_id: str | None = None
+) -> list[InboxMessage]:
+    """Claim up to ``limit`` due rows of ``consumer`` and return them, attempt counted.
+
+    Due rows are ``received`` ones, ``failed`` ones whose ``next_attempt_at`` has come and
+    ``in_progress`` ones whose lease expired (their worker died: that attempt stays counted and
+    is recorded as an error). Rows locked by another claimer are skipped, never waited for.
+    A row whose attempts are exhausted by dead workers goes ``dead`` instead of being claimed.
+    ``message_id`` restricts the claim to that one message.
+    """
+    using = using or inbox_settings.database
+    now = timezone.now()
+    rows = InboxMessage.objects.using(using)
+    due = rows.due(now).filter(consumer=consumer)
+    if message_id is not None:
+        due = due.filter(message_id=message_id)
+    with transaction.atomic(using=using):
+        candidates = list(
+            due
+            .order_by("next_attempt_at")
+            .select_for_update(skip_locked=True)
+            .only("id", "consumer", "status", "attempts", "event_type", "history", "message_id")[:limit]
+        )
+        if not candidates:
+            return []
+        ids = []
+        for row in candidates:
+            if row.status == Status.IN_PROGRESS and not _take_over_abandoned(row, now, using):
+                continue
+            ids.append(row.pk)
+        if not ids:
+            return []
+        lease_id = uuid.uuid4().hex
+        lease = RetryPolicy.for_handler(consumer, None).lease
+        until = now + timedelta(seconds=lease)
+        rows.filter(pk__in=ids, status__in=POLLED_STATUSES, next_attempt_at__lte=now).update(
+            status=Status.IN_PROGRESS,
+            attempts=F("attempts") + 1,
+            lease_id=lease_id,
+            locked_until=until,
+            next_attempt_at=until,
+            updated_at=now,
+        )
+        claimed = list(rows.filter(pk__in=ids, lease_id=lease_id).order_by("next_attempt_at", "pk"))
+    return claimed
+
+
+def _take_over_abandoned(row: InboxMessage, now: datetime, using: str) -> bool:
+    """Record that the worker of ``row``'s last attempt died; return whether to claim it."""
+    policy = RetryPolicy.for_handler(row.consumer, registry.get(row.consumer, row.event_type))
+    dead = row.attempts >= policy.max_attempts
+    entry = history.error_entry(
+        None,
+        attempt=row.attempts,
+        at=now,
+        outcome=Status.DEAD if dead else Status.FAILED,
+        error_type="LeaseExpired",
+        message=(
+            f"attempt {row.attempts} did not finish within its lease: the worker died or hung"
+            + (f"; giving up after {row.attempts} attempts" if dead else "")
+        ),
+    )
+    changes: dict[str, object] = {
+        "history": history.append(row.history, entry),
+        "last_error": history.summary(entry),
+        "updated_at": now,
+    }
+    if dead:
+        changes.update(status=Status.DEAD, next_attempt_at=None, locked_until=None, lease_id="")
+        logger.error(
+            "inbox message %s went dead: its worker died in each of %d attempts",
+            row.message_id,
+            row.attempts,
+        )
+    else:
+        logger.warning(
+            "inbox message %s: attempt %d was abandoned (lease expired); retrying",
+            row.message_id,
+            row.attempts,
+        )
+    InboxMessage.objects.using(using).filter(pk=row.pk).update(**changes)
+    return not dead
+
+
+def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outcome:
+    """Run the handler of a claimed row and record what happened.
+
+    The handler's writes and the ``completed`` status commit in one transaction, fenced on the
+    row's lease. A handler exception rolls the writes back and is recorded in a transaction
+    of its own. Returns ``IN_PROGRESS`` when the lease was lost to another worker.
+    """
+    using = using or inbox_settings.database
+    handler = registry.get(message.consumer, message.event_type)
+    if handler is None:
+        reason = no_handler_reason(message.consumer, message.event_type)
+        return record_failure(message, Reject(reason), None, using=using)
+    try:
+        with transaction.atomic(using=using):
+            handler.func(message)
+            if not complete_row(message.pk, message.lease_id, timezone.now(), using):
+                raise LeaseLost(message.pk)
+    except LeaseLost:
+        logger.warning(
+            "inbox message %s: lease lost to another worker; this attempt's work was rolled back",
+            message.message_id,
+        )
+        return Outcome.IN_PROGRESS
+    except Exception as exc:
+        return record_failure(message, exc, handler, using=using)
+    return Outcome.PROCESSED
+
+
+def failure_outcome(
+    exc: BaseException, attempts: int, policy: RetryPolicy
+) -> tuple[str, float | None]:
+    """The status after a failed attempt and, for ``failed``, the delay before the next one."""
+    if isinstance(exc, Reject):
+        return Status.DEAD, None
+    if isinstance(exc, Park):
+        return Status.PARKED, None
+    if attempts >= policy.max_attempts:
+        return Status.DEAD, None
+    if isinstance(exc, Retry) and exc.delay is not None:
+        return Status.FAILED, exc.delay
+    return Status.FAILED, policy.delay(attempts)
+
+
+def record_failure(
+    message: InboxMessage,
+    exc: BaseException,
+    handler: Handler | None,
+    *,
+    using: str,
+) -> Outcome:
+    """Record a failed attempt of a claimed row, fenced on its lease."""
+    now = timezone.now()
+    policy = RetryPolicy.for_handler(message.consumer, handler)
+    status, delay = failure_outcome(exc, message.attempts, policy)
+    entry = history.error_entry(exc, attempt=message.attempts, at=now, outcome=status)
+    next_attempt_at = None if delay is None else now + timedelta(seconds=delay)
+    with transaction.atomic(using=using):
+        updated = (
+            InboxMessage.objects.using(using)
+            .filter(pk=message.pk, lease_id=message.lease_id, status=Status.IN_PROGRESS)
+            .update(
+                status=status,
+                last_error=history.summary(entry),
+                history=history.append(message.history, entry),
+                next_attempt_at=next_attempt_at,
+                locked_until=None,
+                lease_id="",
+                updated_at=now,
+            )
+        )
+    if not updated:
+        logger.warning(
+            "inbox message %s: lease lost before its failure could be recorded", message.message_id
+        )
+        return Outcome.IN_PROGRESS
+    log_failure(message, entry, status, next_attempt_at)
+    return Outcome(status)
+
+
+def log_failure(
+    message: InboxMessage, entry: dict[str, Any], status: str, next_attempt_at: datetime | None
+) -> None:
+    """One line per failure: ids and the error, never the payload."""
+    if status == Status.FAILED:
+        logger.warning(
+            "inbox %s/%s %s attempt %d failed (%s); retry at %s",
+            message.consumer,
+            message.event_type,
+            message.message_id,
+            entry["attempt"],
+            entry["type"],
+            next_attempt_at.isoformat() if next_attempt_at else "-",
+        )
+    else:
+        logger.error(
+            "inbox %s/%s %s attempt %d: %s (%s)",
+            message.consumer,
+            message.event_type,
+            message.message_id,
+            entry["attempt"],
+            status,
+            entry["type"],
+        )
+
+
+def release(messages: list[InboxMessage], *, using: str | None = None) -> int:
+    """Give back claimed rows that were never started (e.g. on shutdown), attempt uncounted."""
+    using = using or inbox_settings.database
+    now = timezone.now()
+    released = 0
+    with transaction.atomic(using=using):
+        for message in messages:
+            released += (
+                InboxMessage.objects.using(using)
+                .filter(pk=message.pk, lease_id=message.lease_id, status=Status.IN_PROGRESS)
+                .update(
+                    status=Status.RECEIVED if message.attempts <= 1 else Status.FAILED,
+                    attempts=F("attempts") - 1,
+                    next_attempt_at=now,
+                    locked_until=None,
+                    lease_id="",
+                    updated_at=now,
+                )
+            )
+    return released

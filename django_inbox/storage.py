@@ -1,0 +1,157 @@
+"""The few hot-path statements, written as SQL so each costs one round trip.
+
+Everything else goes through the ORM. The unique constraint on ``(consumer, message_id)``
+decides duplicates: ``INSERT … ON CONFLICT DO NOTHING`` on PostgreSQL and SQLite, an insert
+under a savepoint elsewhere. A conflict is the mechanism, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+
+from .models import InboxMessage
+
+_COLUMNS = (
+    "consumer",
+    "message_id",
+    "source",
+    "event_type",
+    "key",
+    "payload",
+    "headers",
+    "status",
+    "attempts",
+    "last_error",
+    "history",
+    "received_at",
+    "updated_at",
+    "next_attempt_at",
+    "locked_until",
+    "lease_id",
+    "processed_at",
+)
+_JSON_COLUMNS = {"payload", "headers", "history"}
+_sql_cache: dict[tuple[str, str], str] = {}
+
+
+@dataclass
+class NewRow:
+    """A validated message, ready to insert. JSON fields hold encoded text."""
+
+    consumer: str
+    message_id: str
+    event_type: str
+    payload: str
+    headers: str = "{}"
+    source: str = ""
+    key: str = ""
+    status: str = InboxMessage.Status.RECEIVED
+    attempts: int = 0
+    last_error: str = ""
+    history: str = "[]"
+    next_attempt_at: datetime | None = None
+    locked_until: datetime | None = None
+    lease_id: str = ""
+    processed_at: datetime | None = None
+
+
+def _table(using: str) -> str:
+    return connections[using].ops.quote_name(InboxMessage._meta.db_table)
+
+
+def _insert_sql(using: str) -> str:
+    connection = connections[using]
+    cached = _sql_cache.get((using, connection.vendor))
+    if cached is not None:
+        return cached
+    quote = connection.ops.quote_name
+    cast = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+    placeholders = ", ".join(cast if c in _JSON_COLUMNS else "%s" for c in _COLUMNS)
+    sql = (
+        f"INSERT INTO {_table(using)} ({', '.join(quote(c) for c in _COLUMNS)}) "
+        f"VALUES ({placeholders}) "
+        f"ON CONFLICT ({quote('consumer')}, {quote('message_id')}) DO NOTHING "
+        f"RETURNING {quote('id')}"
+    )
+    _sql_cache[(using, connection.vendor)] = sql
+    return sql
+
+
+def insert_row(row: NewRow, now: datetime, using: str) -> int | None:
+    """Insert ``row``; return its new id, or ``None`` if ``(consumer, message_id)`` exists."""
+    connection = connections[using]
+    values: dict[str, Any] = {
+        "consumer": row.consumer,
+        "message_id": row.message_id,
+        "source": row.source,
+        "event_type": row.event_type,
+        "key": row.key,
+        "payload": row.payload,
+        "headers": row.headers,
+        "status": str(row.status),
+        "attempts": row.attempts,
+        "last_error": row.last_error,
+        "history": row.history,
+        "received_at": now,
+        "updated_at": now,
+        "next_attempt_at": row.next_attempt_at,
+        "locked_until": row.locked_until,
+        "lease_id": row.lease_id,
+        "processed_at": row.processed_at,
+    }
+    if connection.vendor in ("postgresql", "sqlite"):
+        adapt = connection.ops.adapt_datetimefield_value
+        params = [adapt(v) if isinstance(v, datetime) else v for v in (values[c] for c in _COLUMNS)]
+        with connection.cursor() as cursor:
+            cursor.execute(_insert_sql(using), params)
+            found = cursor.fetchone()
+        return None if found is None else int(found[0])
+    return _insert_with_savepoint(values, using)
+
+
+def _insert_with_savepoint(values: dict[str, Any], using: str) -> int | None:
+    fields = dict(values)
+    for name in _JSON_COLUMNS:
+        fields[name] = json.loads(fields[name])
+    try:
+        with transaction.atomic(using=using):
+            message = InboxMessage(**fields)
+            message.save(using=using, force_insert=True)
+    except IntegrityError:
+        return None
+    return message.pk
+
+
+def complete_row(pk: int, lease_id: str, now: datetime, using: str) -> bool:
+    """Mark a claimed row completed if ``lease_id`` still holds it (the fence)."""
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    sql = _sql_cache.get((using, "complete"))
+    if sql is None:
+        sql = (
+            f"UPDATE {_table(using)} SET {quote('status')} = %s, {quote('processed_at')} = %s, "
+            f"{quote('updated_at')} = %s, {quote('locked_until')} = NULL, "
+            f"{quote('next_attempt_at')} = NULL, {quote('lease_id')} = '' "
+            f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
+            f"AND {quote('status')} = %s"
+        )
+        _sql_cache[(using, "complete")] = sql
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            [
+                InboxMessage.Status.COMPLETED.value,
+                stamp,
+                stamp,
+                pk,
+                lease_id,
+                InboxMessage.Status.IN_PROGRESS.value,
+            ],
+        )
+        return cursor.rowcount == 1

@@ -1,0 +1,75 @@
+"""Checks on incoming messages: a bad one raises before anything is stored."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from .exceptions import InvalidField, InvalidMessageId, InvalidPayload, PayloadTooLarge
+
+MESSAGE_ID_MAX = 255
+CONSUMER_MAX = 100
+TEXT_MAX = 255
+
+# An escaped NUL that is not itself the tail of an escaped backslash.
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def clean_message_id(value: object) -> str:
+    """Return the message id as text, or raise :class:`InvalidMessageId`."""
+    if isinstance(value, (int, uuid.UUID)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise InvalidMessageId(f"message_id must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidMessageId("message_id is empty; a message without an id cannot be deduplicated")
+    if len(value) > MESSAGE_ID_MAX:
+        raise InvalidMessageId(
+            f"message_id is {len(value)} characters long; the limit is {MESSAGE_ID_MAX}"
+        )
+    if "\x00" in value:
+        raise InvalidMessageId("message_id contains a NUL character")
+    return value
+
+
+def clean_text(name: str, value: object, *, required: bool, max_length: int = TEXT_MAX) -> str:
+    """Validate ``consumer``, ``event_type``, ``source`` or ``key``."""
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidField(f"{name} must be a string, got {type(value).__name__}")
+    if required and not value.strip():
+        raise InvalidField(f"{name} is empty")
+    if len(value) > max_length:
+        raise InvalidField(f"{name} is {len(value)} characters long; the limit is {max_length}")
+    if "\x00" in value:
+        raise InvalidField(f"{name} contains a NUL character")
+    return value
+
+
+def encode_json(name: str, value: Any, *, max_bytes: int | None = None) -> str:
+    """Encode ``value`` as JSON text that every supported database can store.
+
+    Raises :class:`InvalidPayload` for values that are not JSON (objects, NaN, Infinity), for
+    NUL characters and lone surrogates (PostgreSQL's ``jsonb`` refuses both), and
+    :class:`PayloadTooLarge` when the UTF-8 encoding exceeds ``max_bytes``.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError as exc:
+        raise InvalidPayload(f"{name} is not valid JSON: {exc} (NaN and Infinity are refused)") from None
+    except (TypeError, RecursionError) as exc:
+        raise InvalidPayload(f"{name} is not JSON-serialisable: {exc}") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidPayload(f"{name} contains a lone surrogate, which is not valid Unicode") from None
+    if max_bytes is not None and size > max_bytes:
+        raise PayloadTooLarge(
+            f"{name} is {size} bytes encoded; INBOX_MAX_PAYLOAD_BYTES allows {max_bytes}"
+        )
+    if "\\u0000" in text and _ESCAPED_NUL.search(text):
+        raise InvalidPayload(f"{name} contains a NUL character (\\u0000), which cannot be stored")
+    return text

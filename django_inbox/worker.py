@@ -1,0 +1,113 @@
+"""The loop behind ``manage.py inbox_process``: claim due rows, run their handlers, repeat."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from django.db import close_old_connections
+from django.utils import timezone
+
+from .conf import inbox_settings
+from .models import InboxMessage
+from .processing import claim_batch, process_claimed, release
+from .registry import registry
+from .shutdown import Shutdown
+
+logger = logging.getLogger("django_inbox")
+
+
+@dataclass
+class WorkerStats:
+    outcomes: Counter[str] = field(default_factory=Counter)
+    released: int = 0
+
+    @property
+    def handled(self) -> int:
+        return sum(self.outcomes.values())
+
+
+class Worker:
+    """Processes stored messages of some consumers until told to stop.
+
+    Args:
+        consumers: consumers to serve; all consumers with handlers when empty.
+        batch_size: rows claimed per query (``INBOX_BATCH_SIZE`` when ``None``).
+        max_messages: stop after handling this many messages.
+        until_idle: stop once nothing was due for this many seconds (``0``: when drained).
+        poll_interval: sleep between polls when nothing is due.
+        shutdown: stop requests (signals); a new one when ``None``.
+    """
+
+    def __init__(
+        self,
+        consumers: list[str] | None = None,
+        *,
+        batch_size: int | None = None,
+        max_messages: int | None = None,
+        until_idle: float | None = None,
+        poll_interval: float | None = None,
+        shutdown: Shutdown | None = None,
+    ) -> None:
+        self.consumers = list(consumers or [])
+        self.batch_size = batch_size or inbox_settings.batch_size
+        self.max_messages = max_messages
+        self.until_idle = until_idle
+        self.poll_interval = (
+            inbox_settings.poll_interval if poll_interval is None else poll_interval
+        )
+        self.shutdown = shutdown or Shutdown()
+        self.stats = WorkerStats()
+
+    def _consumers(self) -> list[str]:
+        return self.consumers or registry.consumers()
+
+    def _room(self) -> int:
+        if self.max_messages is None:
+            return self.batch_size
+        return min(self.batch_size, self.max_messages - self.stats.handled)
+
+    def run_once(self) -> int:
+        """Claim and process one batch per consumer; return how many messages were handled."""
+        handled = 0
+        for consumer in self._consumers():
+            room = self._room()
+            if room <= 0 or self.shutdown.requested:
+                break
+            batch = claim_batch(consumer, room)
+            for index, message in enumerate(batch):
+                if self.shutdown.requested or _lease_ran_out(message):
+                    self.stats.released += release(batch[index:])
+                    break
+                outcome = process_claimed(message)
+                self.stats.outcomes[outcome.value] += 1
+                handled += 1
+        return handled
+
+    def run(self) -> WorkerStats:
+        idle_since = time.monotonic()
+        while not self.shutdown.requested:
+            close_old_connections()
+            if self.run_once():
+                idle_since = time.monotonic()
+            elif self.until_idle is not None and time.monotonic() - idle_since >= self.until_idle:
+                break
+            else:
+                self.shutdown.wait(self._sleep_for(idle_since))
+            if self.max_messages is not None and self.stats.handled >= self.max_messages:
+                break
+        close_old_connections()
+        return self.stats
+
+    def _sleep_for(self, idle_since: float) -> float:
+        if self.until_idle is None:
+            return self.poll_interval
+        left = self.until_idle - (time.monotonic() - idle_since)
+        return max(0.0, min(self.poll_interval, left))
+
+
+def _lease_ran_out(message: InboxMessage) -> bool:
+    """A row whose lease passed while it waited in the batch may already be someone else's."""
+    return message.locked_until is not None and message.locked_until <= timezone.now()

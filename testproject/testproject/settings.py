@@ -1,0 +1,86 @@
+"""Settings of the demo and test project. Configure through the environment:
+
+``DATABASE_URL``: defaults to an SQLite file beside this project; set e.g.
+``postgres://postgres@127.0.0.1:5432/inbox`` to run on PostgreSQL.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+SECRET_KEY = env("SECRET_KEY", default="demo-only-not-secret")
+DEBUG = env.bool("DEBUG", default=True)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_inbox",
+    "shop",
+    "effects",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # One writer at a time; wait for the lock instead of failing at once.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("timeout", 30)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
+
+INBOX_CONSUMERS = {
+    # The demo's payment gateway is flaky: retry quickly so the demo finishes in seconds.
+    "payments": {"max_attempts": 4, "backoff_base": 0.05, "backoff_max": 0.2},
+    # Test consumers: short leases so crash tests see dead workers' rows come back quickly.
+    "effects": {
+        "max_attempts": 3,
+        "backoff_base": 0.01,
+        "backoff_max": 0.05,
+        "lease": env.float("EFFECTS_LEASE", default=2.0),
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "django_inbox": {"handlers": ["console"], "level": env("INBOX_LOG_LEVEL", default="ERROR")}
+    },
+}
