@@ -240,4 +240,3 @@ def store(
     now = timezone.now()
     row.next_attempt_at = now
     return insert_row(row, now, using) is not None
-

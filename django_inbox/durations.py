@@ -33,7 +33,7 @@ def to_seconds(value: object) -> float:
         match = _PATTERN.match(value)
         if not match:
             raise ValueError(
-                f"{value!r} is not a duration; use a number of seconds or e.g. '30s', '5m', '2h', '30d'"
+                f"{value!r} is not a duration; use seconds or e.g. '30s', '5m', '2h', '30d'"
             )
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
     else:

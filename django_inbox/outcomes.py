@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     """The result of :func:`django_inbox.deliver` and of processing one claimed row.
 
     ``PROCESSED``: the handler ran and its effects committed with the ``completed`` row.
@@ -22,9 +22,6 @@ class Outcome(str, enum.Enum):
     FAILED = "failed"
     DEAD = "dead"
     PARKED = "parked"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def acknowledged(self) -> bool:

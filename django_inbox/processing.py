@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Min
 from django.utils import timezone
 
 from . import history
@@ -44,10 +44,10 @@ def claim_batch(
     """Claim up to ``limit`` due rows of ``consumer`` and return them, attempt counted.
 
     Due rows are ``received`` ones, ``failed`` ones whose ``next_attempt_at`` has come and
-    ``in_progress`` ones whose lease expired (their worker died: that attempt stays counted and
-    is recorded as an error). Rows locked by another claimer are skipped, never waited for.
-    A row whose attempts are exhausted by dead workers goes ``dead`` instead of being claimed.
-    ``message_id`` restricts the claim to that one message.
+    ``in_progress`` ones whose lease expired (see :func:`_take_over`). Rows locked by another
+    claimer are skipped, never waited for. The returned rows must be processed in the order
+    given (by primary key): :func:`_take_over` relies on it to tell which row of a dead
+    worker's batch was running. ``message_id`` restricts the claim to that one message.
     """
     using = using or inbox_settings.database
     now = timezone.now()
@@ -57,23 +57,17 @@ def claim_batch(
         due = due.filter(message_id=message_id)
     with transaction.atomic(using=using):
         candidates = list(
-            due
-            .order_by("next_attempt_at")
+            due.order_by("next_attempt_at", "pk")
             .select_for_update(skip_locked=True)
-            .only("id", "consumer", "status", "attempts", "event_type", "history", "message_id")[:limit]
+            .only(*_CLAIM_FIELDS)[:limit]
         )
-        if not candidates:
-            return []
-        ids = []
-        for row in candidates:
-            if row.status == Status.IN_PROGRESS and not _take_over_abandoned(row, now, using):
-                continue
-            ids.append(row.pk)
+        abandoned = [row for row in candidates if row.status == Status.IN_PROGRESS]
+        dropped = _take_over(abandoned, now, using) if abandoned else set()
+        ids = [row.pk for row in candidates if row.pk not in dropped]
         if not ids:
             return []
         lease_id = uuid.uuid4().hex
-        lease = RetryPolicy.for_handler(consumer, None).lease
-        until = now + timedelta(seconds=lease)
+        until = now + timedelta(seconds=inbox_settings.policy(consumer).lease)
         rows.filter(pk__in=ids, status__in=POLLED_STATUSES, next_attempt_at__lte=now).update(
             status=Status.IN_PROGRESS,
             attempts=F("attempts") + 1,
@@ -82,12 +76,50 @@ def claim_batch(
             next_attempt_at=until,
             updated_at=now,
         )
-        claimed = list(rows.filter(pk__in=ids, lease_id=lease_id).order_by("next_attempt_at", "pk"))
-    return claimed
+        return list(rows.filter(pk__in=ids, lease_id=lease_id).order_by("pk"))
 
 
-def _take_over_abandoned(row: InboxMessage, now: datetime, using: str) -> bool:
-    """Record that the worker of ``row``'s last attempt died; return whether to claim it."""
+_CLAIM_FIELDS = (
+    "id",
+    "consumer",
+    "status",
+    "attempts",
+    "event_type",
+    "history",
+    "message_id",
+    "lease_id",
+)
+
+
+def _take_over(abandoned: list[InboxMessage], now: datetime, using: str) -> set[int]:
+    """Prepare rows whose lease expired for a new claim; return the pks not to claim.
+
+    A worker runs its batch in primary-key order, and every row it finishes leaves
+    ``in_progress``. So of the rows still holding a dead worker's lease, only the lowest pk
+    was running when it died: that attempt counts (recorded as ``LeaseExpired``; ``dead`` once
+    attempts are exhausted). The others never started: their claim is not counted against
+    them, so one poison message cannot use up its batch-mates' attempts.
+    """
+    rows = InboxMessage.objects.using(using)
+    leases = {row.lease_id for row in abandoned}
+    running = dict(
+        rows.filter(status=Status.IN_PROGRESS, lease_id__in=leases)
+        .values("lease_id")
+        .annotate(first=Min("pk"))
+        .values_list("lease_id", "first")
+    )
+    dropped: set[int] = set()
+    for row in abandoned:
+        if running.get(row.lease_id) != row.pk:
+            rows.filter(pk=row.pk).update(attempts=F("attempts") - 1)
+            continue
+        if not _record_abandoned_attempt(row, now, using):
+            dropped.add(row.pk)
+    return dropped
+
+
+def _record_abandoned_attempt(row: InboxMessage, now: datetime, using: str) -> bool:
+    """Record that the worker running ``row`` died or hung; return whether to retry it."""
     policy = RetryPolicy.for_handler(row.consumer, registry.get(row.consumer, row.event_type))
     dead = row.attempts >= policy.max_attempts
     entry = history.error_entry(
@@ -101,7 +133,7 @@ def _take_over_abandoned(row: InboxMessage, now: datetime, using: str) -> bool:
             + (f"; giving up after {row.attempts} attempts" if dead else "")
         ),
     )
-    changes: dict[str, object] = {
+    changes: dict[str, Any] = {
         "history": history.append(row.history, entry),
         "last_error": history.summary(entry),
         "updated_at": now,
@@ -109,13 +141,17 @@ def _take_over_abandoned(row: InboxMessage, now: datetime, using: str) -> bool:
     if dead:
         changes.update(status=Status.DEAD, next_attempt_at=None, locked_until=None, lease_id="")
         logger.error(
-            "inbox message %s went dead: its worker died in each of %d attempts",
+            "inbox %s/%s %s went dead: its worker died or hung in each of %d attempts",
+            row.consumer,
+            row.event_type,
             row.message_id,
             row.attempts,
         )
     else:
         logger.warning(
-            "inbox message %s: attempt %d was abandoned (lease expired); retrying",
+            "inbox %s/%s %s attempt %d abandoned (lease expired); retrying",
+            row.consumer,
+            row.event_type,
             row.message_id,
             row.attempts,
         )

@@ -36,7 +36,7 @@ class RetryPolicy:
         """The longest delay after failed attempt number ``attempt`` (1-based)."""
         if attempt >= 64:
             return self.backoff_max
-        return min(self.backoff_max, self.backoff_base * 2 ** max(attempt - 1, 0))
+        return min(self.backoff_max, self.backoff_base * 2.0 ** max(attempt - 1, 0))
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Exponential backoff with full jitter: uniform in ``[0, ceiling(attempt)]``.

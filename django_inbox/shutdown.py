@@ -48,11 +48,11 @@ class Shutdown:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in SIGNALS}
+        previous: dict[signal.Signals, Any] = {sig: signal.getsignal(sig) for sig in SIGNALS}
         for sig in SIGNALS:
             signal.signal(sig, self._handle)
         try:
             yield self
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)

@@ -154,4 +154,4 @@ def complete_row(pk: int, lease_id: str, now: datetime, using: str) -> bool:
                 InboxMessage.Status.IN_PROGRESS.value,
             ],
         )
-        return cursor.rowcount == 1
+        return bool(cursor.rowcount == 1)

@@ -24,7 +24,9 @@ def clean_message_id(value: object) -> str:
     if not isinstance(value, str):
         raise InvalidMessageId(f"message_id must be a string, got {type(value).__name__}")
     if not value.strip():
-        raise InvalidMessageId("message_id is empty; a message without an id cannot be deduplicated")
+        raise InvalidMessageId(
+            "message_id is empty; a message without an id cannot be deduplicated"
+        )
     if len(value) > MESSAGE_ID_MAX:
         raise InvalidMessageId(
             f"message_id is {len(value)} characters long; the limit is {MESSAGE_ID_MAX}"
@@ -59,13 +61,17 @@ def encode_json(name: str, value: Any, *, max_bytes: int | None = None) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except ValueError as exc:
-        raise InvalidPayload(f"{name} is not valid JSON: {exc} (NaN and Infinity are refused)") from None
+        raise InvalidPayload(
+            f"{name} is not valid JSON: {exc} (NaN and Infinity are refused)"
+        ) from None
     except (TypeError, RecursionError) as exc:
         raise InvalidPayload(f"{name} is not JSON-serialisable: {exc}") from None
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidPayload(f"{name} contains a lone surrogate, which is not valid Unicode") from None
+        raise InvalidPayload(
+            f"{name} contains a lone surrogate, which is not valid Unicode"
+        ) from None
     if max_bytes is not None and size > max_bytes:
         raise PayloadTooLarge(
             f"{name} is {size} bytes encoded; INBOX_MAX_PAYLOAD_BYTES allows {max_bytes}"

@@ -32,7 +32,10 @@ def _misbehave(message):
     if kill_file and os.path.exists(kill_file):
         os.remove(kill_file)
         os.kill(os.getpid(), signal.SIGKILL)
-    if payload.get("sleep") and payload.get("sleep_on_attempt", message.attempts) == message.attempts:
+    if (
+        payload.get("sleep")
+        and payload.get("sleep_on_attempt", message.attempts) == message.attempts
+    ):
         time.sleep(payload["sleep"])
     if message.attempts <= payload.get("fail_times", 0):
         raise RuntimeError(f"planned failure on attempt {message.attempts}")

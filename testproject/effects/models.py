@@ -9,3 +9,6 @@ class Effect(models.Model):
     message_id = models.CharField(max_length=255)
     attempt = models.IntegerField()
     pid = models.IntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.consumer}:{self.message_id} attempt {self.attempt}"

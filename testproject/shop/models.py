@@ -17,3 +17,6 @@ class Payment(models.Model):
     amount_cents = models.IntegerField()
     idempotency_key = models.CharField(max_length=80)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.order_id}: {self.amount_cents}"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -13,8 +14,6 @@ def _seconds(value: str) -> float:
     try:
         return to_seconds(value)
     except ValueError as exc:
-        from argparse import ArgumentTypeError
-
         raise ArgumentTypeError(str(exc)) from None
 
 
@@ -35,7 +34,10 @@ class Command(BaseCommand):
             help="Consumer to process; repeat for several. Default: every consumer with handlers.",
         )
         parser.add_argument(
-            "--batch-size", type=int, default=None, help="Rows claimed per query (INBOX_BATCH_SIZE)."
+            "--batch-size",
+            type=int,
+            default=None,
+            help="Rows claimed per query (INBOX_BATCH_SIZE).",
         )
         parser.add_argument(
             "--max-messages", type=int, default=None, help="Exit after handling this many."

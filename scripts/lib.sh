@@ -1,0 +1,41 @@
+# Helpers shared by scripts/demo and scripts/test.
+
+step() { printf '\n==> %s\n' "$*"; }
+
+# ensure_venv EXTRAS: create .venv with the newest Python 3.11+ found and install the project.
+ensure_venv() {
+    local extras="$1"
+    if [ ! -x .venv/bin/python ]; then
+        local py=""
+        for candidate in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
+            [ -n "$candidate" ] || continue
+            if command -v "$candidate" >/dev/null 2>&1 &&
+                "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+                py="$candidate"
+                break
+            fi
+        done
+        [ -n "$py" ] || { echo "Python 3.11 or newer is needed" >&2; exit 2; }
+        step "creating .venv with $("$py" --version)"
+        "$py" -m venv .venv
+    fi
+    step "installing django-transactional-inbox$extras into .venv"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$extras"
+}
+
+ensure_postgres() {
+    if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+        return
+    fi
+    step "starting PostgreSQL"
+    if command -v pg_ctlcluster >/dev/null 2>&1; then
+        pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start
+    fi
+    for _ in $(seq 1 30); do
+        pg_isready -q -h 127.0.0.1 -p 5432 && return
+        sleep 1
+    done
+    echo "PostgreSQL is not reachable on 127.0.0.1:5432" >&2
+    exit 2
+}

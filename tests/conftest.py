@@ -1,0 +1,83 @@
+"""Shared fixtures. Tests run against the database in ``DATABASE_URL`` (PostgreSQL in CI);
+those marked ``postgres`` are skipped elsewhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from django_inbox.registry import Handler, registry
+
+ROOT = Path(__file__).resolve().parent.parent
+MANAGE = ROOT / "testproject" / "manage.py"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if connection.vendor == "postgresql":
+        return
+    skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL)")
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def db_url(transactional_db: None) -> str:
+    """A DATABASE_URL that points subprocesses at the test database."""
+    settings = connection.settings_dict
+    assert connection.vendor == "postgresql", "subprocess tests need PostgreSQL"
+    user = settings.get("USER") or "postgres"
+    host = settings.get("HOST") or "127.0.0.1"
+    port = settings.get("PORT") or 5432
+    return f"postgres://{user}@{host}:{port}/{settings['NAME']}"
+
+
+@pytest.fixture
+def subprocess_env(db_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DATABASE_URL"] = db_url
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "testproject"), str(ROOT)])
+    env.setdefault("INBOX_LOG_LEVEL", "ERROR")
+    return env
+
+
+@pytest.fixture
+def manage(subprocess_env: dict[str, str]) -> Callable[..., subprocess.Popen[str]]:
+    """Start ``manage.py <args>`` as a real process against the test database."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, str(MANAGE), *args],
+            env={**subprocess_env, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+@contextmanager
+def handler(
+    event_type: str, consumer: str, func: Callable[..., object], **options: object
+) -> Iterator[None]:
+    """Register ``func`` for the duration of a test."""
+    registry.register(Handler(consumer=consumer, event_type=event_type, func=func, **options))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        registry.unregister(consumer, event_type)

@@ -1,0 +1,140 @@
+"""``django_inbox.retry``: effective policy per handler, and exponential backoff with jitter."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from django.test import override_settings
+
+from django_inbox.registry import Handler
+from django_inbox.retry import RetryPolicy
+
+
+def noop(message: object) -> None:
+    pass
+
+
+def make_handler(**options: object) -> Handler:
+    return Handler(consumer="inventory", event_type="order.placed", func=noop, **options)  # type: ignore[arg-type]
+
+
+LAYERED = override_settings(
+    INBOX_MAX_ATTEMPTS=9,
+    INBOX_BACKOFF_BASE=1,
+    INBOX_BACKOFF_MAX=100,
+    INBOX_LEASE=60,
+    INBOX_CONSUMERS={"inventory": {"max_attempts": 4, "backoff_base": "5s", "backoff_max": "2m"}},
+)
+
+
+@LAYERED
+def test_handler_arguments_win_over_consumer_and_globals() -> None:
+    handler = make_handler(max_attempts=7, backoff_base=0.5, backoff_max=30.0)
+    assert RetryPolicy.for_handler("inventory", handler) == RetryPolicy(
+        max_attempts=7, backoff_base=0.5, backoff_max=30.0, lease=60.0
+    )
+
+
+@LAYERED
+def test_consumer_settings_win_over_globals() -> None:
+    assert RetryPolicy.for_handler("inventory", make_handler()) == RetryPolicy(
+        max_attempts=4, backoff_base=5.0, backoff_max=120.0, lease=60.0
+    )
+    assert RetryPolicy.for_handler("inventory", None) == RetryPolicy(
+        max_attempts=4, backoff_base=5.0, backoff_max=120.0, lease=60.0
+    )
+
+
+@LAYERED
+def test_globals_apply_to_unconfigured_consumer() -> None:
+    assert RetryPolicy.for_handler("shipping", None) == RetryPolicy(
+        max_attempts=9, backoff_base=1.0, backoff_max=100.0, lease=60.0
+    )
+
+
+@LAYERED
+def test_handler_overrides_one_key_at_a_time() -> None:
+    policy = RetryPolicy.for_handler("inventory", make_handler(max_attempts=2))
+    assert (policy.max_attempts, policy.backoff_base, policy.backoff_max) == (2, 5.0, 120.0)
+    policy = RetryPolicy.for_handler("inventory", make_handler(backoff_max=6.0))
+    assert (policy.max_attempts, policy.backoff_base, policy.backoff_max) == (4, 5.0, 6.0)
+
+
+@LAYERED
+def test_handler_zero_backoff_is_not_treated_as_unset() -> None:
+    policy = RetryPolicy.for_handler("inventory", make_handler(backoff_base=0.0, backoff_max=0.0))
+    assert policy.backoff_base == 0.0
+    assert policy.backoff_max == 0.0
+    assert policy.ceiling(3) == 0.0
+
+
+def test_testproject_payments_policy() -> None:
+    policy = RetryPolicy.for_handler("payments", None)
+    assert policy == RetryPolicy(max_attempts=4, backoff_base=0.05, backoff_max=0.2, lease=300.0)
+
+
+def test_ceiling_doubles_then_caps() -> None:
+    policy = RetryPolicy(max_attempts=10, backoff_base=2.0, backoff_max=100.0, lease=60.0)
+    assert [policy.ceiling(n) for n in range(1, 10)] == [2, 4, 8, 16, 32, 64, 100, 100, 100]
+
+
+def test_ceiling_of_attempt_zero_or_less_is_the_base() -> None:
+    policy = RetryPolicy(max_attempts=10, backoff_base=3.0, backoff_max=100.0, lease=60.0)
+    assert policy.ceiling(0) == 3.0
+    assert policy.ceiling(-4) == 3.0
+
+
+def test_ceiling_is_capped_even_when_base_exceeds_max() -> None:
+    policy = RetryPolicy(max_attempts=10, backoff_base=50.0, backoff_max=10.0, lease=60.0)
+    assert policy.ceiling(1) == 10.0
+
+
+@pytest.mark.parametrize("attempt", [62, 63, 64, 65, 1024, 1025, 5000, 10**9, 10**18])
+def test_huge_attempt_numbers_do_not_overflow(attempt: int) -> None:
+    policy = RetryPolicy(max_attempts=10**19, backoff_base=2.0, backoff_max=3600.0, lease=60.0)
+    assert policy.ceiling(attempt) == 3600.0
+    delay = policy.delay(attempt, random.Random(attempt))
+    assert 0.0 <= delay <= 3600.0
+
+
+def test_huge_attempts_with_a_huge_cap_stay_finite() -> None:
+    policy = RetryPolicy(max_attempts=10, backoff_base=1e300, backoff_max=1e308, lease=60.0)
+    for attempt in (1, 10, 63, 64, 2000):
+        ceiling = policy.ceiling(attempt)
+        assert ceiling <= 1e308
+        assert ceiling == ceiling  # not NaN
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3, 5, 8, 20])
+def test_delay_is_within_zero_and_ceiling(attempt: int) -> None:
+    policy = RetryPolicy(max_attempts=10, backoff_base=2.0, backoff_max=100.0, lease=60.0)
+    rng = random.Random(1234)
+    ceiling = policy.ceiling(attempt)
+    delays = [policy.delay(attempt, rng) for _ in range(500)]
+    assert all(0.0 <= d <= ceiling for d in delays)
+    # Full jitter: spread over the whole range, not clustered at the ceiling.
+    assert min(delays) < ceiling * 0.1
+    assert max(delays) > ceiling * 0.9
+    assert len(set(delays)) > 450
+
+
+def test_delay_is_reproducible_with_a_seeded_rng() -> None:
+    policy = RetryPolicy(max_attempts=10, backoff_base=2.0, backoff_max=100.0, lease=60.0)
+    first = [policy.delay(n, random.Random(42)) for n in range(1, 10)]
+    second = [policy.delay(n, random.Random(42)) for n in range(1, 10)]
+    assert first == second
+    other = [policy.delay(n, random.Random(43)) for n in range(1, 10)]
+    assert first != other
+
+
+def test_delay_without_rng_uses_module_random() -> None:
+    policy = RetryPolicy(max_attempts=10, backoff_base=1.0, backoff_max=8.0, lease=60.0)
+    delays = [policy.delay(4) for _ in range(50)]
+    assert all(0.0 <= d <= 8.0 for d in delays)
+    assert len(set(delays)) > 1
+
+
+def test_zero_ceiling_gives_zero_delay() -> None:
+    policy = RetryPolicy(max_attempts=10, backoff_base=0.0, backoff_max=0.0, lease=60.0)
+    assert policy.delay(5, random.Random(0)) == 0.0
