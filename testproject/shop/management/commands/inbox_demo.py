@@ -1,0 +1,189 @@
+"""Feed a realistic order stream through the inbox and show what it did.
+
+The stream is what an at-least-once broker hands a shop: about 30% of messages arrive more
+than once, the payment gateway times out now and then, and a few messages are poison.
+Each message goes to two consumers, the way a fan-out exchange delivers to two queues:
+``inventory`` processes inline with ``deliver()``; ``payments`` acknowledges after
+``store()`` and a worker processes it (the ``inbox_process`` loop, run in this process).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db.models import Count, Sum
+
+from django_inbox import deliver, store
+from django_inbox.models import InboxMessage
+from django_inbox.worker import Worker
+from shop.models import Payment, Stock
+
+SKUS = ["MUG-01", "TEE-02", "CAP-03", "PEN-04", "BAG-05"]
+START_QTY = 100_000
+
+
+def build_stream(
+    total: int, rng: random.Random
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Return (deliveries in arrival order, the unique orders behind them)."""
+    unique = round(total * 0.7)
+    orders = []
+    for n in range(unique):
+        order: dict[str, Any] = {
+            "id": f"ord-{n:05d}",
+            "type": "order.placed",
+            "payload": {
+                "order_id": f"ord-{n:05d}",
+                "sku": rng.choice(SKUS),
+                "qty": rng.randint(1, 3),
+                "amount_cents": rng.randint(500, 9_000),
+            },
+        }
+        roll = rng.random()
+        if roll < 0.06:
+            order["payload"]["gateway_failures"] = rng.randint(1, 2)  # transient
+        orders.append(order)
+    # A few poison messages, placed at random.
+    poison = rng.sample(range(unique), 8)
+    orders[poison[0]]["payload"]["qty"] = 0  # rejected by inventory
+    orders[poison[1]]["payload"]["qty"] = -2
+    orders[poison[2]]["payload"]["sku"] = "GONE-99"  # unknown SKU: rejected
+    orders[poison[3]]["payload"]["amount_cents"] = 0  # rejected by payments
+    del orders[poison[4]]["payload"]["sku"]  # a producer bug: retried, then dead
+    orders[poison[5]]["payload"]["gateway_failures"] = 99  # gateway never answers: dead
+    orders[poison[6]]["type"] = "order.refunded"  # nobody handles it yet: kept dead
+    orders[poison[7]]["type"] = "order.refunded"
+
+    deliveries = list(orders)
+    for _ in range(total - unique):  # redeliveries, producer retries, replays
+        deliveries.append(rng.choice(orders))
+    rng.shuffle(deliveries)
+    return deliveries, orders
+
+
+class Command(BaseCommand):
+    help = "Run the demo: a stream of orders with duplicates, flaky payments and poison messages."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--messages", type=int, default=1000)
+        parser.add_argument("--seed", type=int, default=7)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        rng = random.Random(options["seed"])
+        InboxMessage.objects.all().delete()
+        Payment.objects.all().delete()
+        Stock.objects.all().delete()
+        Stock.objects.bulk_create(Stock(sku=sku, qty=START_QTY) for sku in SKUS)
+
+        deliveries, orders = build_stream(options["messages"], rng)
+        self.stdout.write(
+            f"Feeding {len(deliveries)} broker messages ({len(orders)} unique orders, "
+            f"{len(deliveries) - len(orders)} duplicates) to consumers 'inventory' (deliver) "
+            "and 'payments' (store, then a worker)..."
+        )
+        if options["verbosity"] < 2:
+            logging.getLogger("django_inbox").setLevel(logging.CRITICAL)
+        inline: Counter[str] = Counter()
+        stored: Counter[str] = Counter()
+        seen: set[str] = set()
+        for message in deliveries:
+            fields = {
+                "message_id": message["id"],
+                "event_type": message["type"],
+                "payload": message["payload"],
+                "source": "orders-exchange",
+                "key": message["payload"].get("order_id", ""),
+            }
+            outcome = deliver(consumer="inventory", **fields)
+            inline["duplicate" if message["id"] in seen else outcome.value] += 1
+            stored["new" if store(consumer="payments", **fields) else "duplicate"] += 1
+            seen.add(message["id"])
+
+        self.stdout.write("Processing stored messages and retries until the inbox is idle...")
+        stats = Worker(["inventory", "payments"], until_idle=1.0, poll_interval=0.05).run()
+        self._report(deliveries, orders, inline, stored, stats.outcomes)
+
+    def _report(
+        self,
+        deliveries: list[dict[str, Any]],
+        orders: list[dict[str, Any]],
+        inline: Counter[str],
+        stored: Counter[str],
+        worker: Counter[str],
+    ) -> None:
+        rows = InboxMessage.objects
+        table = [
+            ("broker messages delivered", len(deliveries), len(deliveries)),
+            (
+                "redeliveries recognised (not run again)",
+                inline["duplicate"],
+                stored["duplicate"],
+            ),
+            ("unique messages stored", rows.filter(consumer="inventory").count(), stored["new"]),
+            *(
+                (
+                    label,
+                    rows.filter(consumer="inventory", **query).count(),
+                    rows.filter(consumer="payments", **query).count(),
+                )
+                for label, query in [
+                    ("completed", {"status": "completed"}),
+                    ("  of them after retries", {"status": "completed", "attempts__gt": 1}),
+                    ("dead (kept with the reason)", {"status": "dead"}),
+                    ("still pending", {"status__in": ["received", "failed", "in_progress"]}),
+                ]
+            ),
+        ]
+        self.stdout.write("")
+        self.stdout.write(f"{'':38}{'inventory':>12}{'payments':>12}")
+        for label, left, right in table:
+            self.stdout.write(f"{label:38}{left:>12}{right:>12}")
+        self.stdout.write("")
+
+        self.stdout.write("Dead messages and why:")
+        dead = (
+            rows.filter(status="dead")
+            .values("consumer", "last_error")
+            .annotate(n=Count("id"))
+            .order_by("consumer", "last_error")
+        )
+        for entry in dead:
+            reason = entry["last_error"][:90]
+            self.stdout.write(f"  {entry['consumer']:10} {entry['n']:>3} x {reason}")
+        self.stdout.write("")
+
+        reserved = START_QTY * len(SKUS) - (Stock.objects.aggregate(total=Sum("qty"))["total"] or 0)
+        completed_orders = set(
+            rows.filter(consumer="inventory", status="completed").values_list(
+                "message_id", flat=True
+            )
+        )
+        expected_qty = sum(o["payload"]["qty"] for o in orders if o["id"] in completed_orders)
+        charges = Counter(Payment.objects.values_list("order_id", flat=True))
+        paid = set(
+            rows.filter(consumer="payments", status="completed").values_list(
+                "message_id", flat=True
+            )
+        )
+        doubled = sum(1 for n in charges.values() if n > 1)
+        lost = len(paid - set(charges))
+        self.stdout.write("Checks against the business tables:")
+        self.stdout.write(
+            f"  stock reserved {reserved} units; completed inventory messages ask for "
+            f"{expected_qty}: {'OK' if reserved == expected_qty else 'MISMATCH'}"
+        )
+        verdict = "OK" if not doubled and not lost else "MISMATCH"
+        self.stdout.write(
+            f"  {len(charges)} orders charged for {len(paid)} completed payment messages: "
+            f"doubled charges {doubled}, lost {lost}: {verdict}"
+        )
+        self.stdout.write(f"  worker outcomes: {dict(sorted(worker.items()))}")
+        self.stdout.write("")
+        self.stdout.write(
+            "Every duplicate was skipped by the database's unique (consumer, message_id) key, "
+            "in the same transaction as the effect."
+        )
