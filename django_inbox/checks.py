@@ -34,10 +34,8 @@ def check_handler_modules(app_configs: Any = None, **kwargs: Any) -> list[CheckM
 
 def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
-    attempts = values.get("max_attempts")
-    if attempts is not None and (
-        isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1
-    ):
+    attempts = values.get("max_attempts", 1)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         errors.append(
             Error(
                 f"{where} max attempts must be a positive integer, got {attempts!r}.",

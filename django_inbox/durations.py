@@ -13,6 +13,8 @@ _UNITS = {
     "d": 86400,
     "w": 7 * 86400,
 }
+#: A bound well inside what ``datetime`` arithmetic can hold (and than any sane policy).
+MAX_SECONDS = 1000 * 365 * 86400
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 
 
@@ -40,6 +42,8 @@ def to_seconds(value: object) -> float:
         raise ValueError(f"{value!r} is not a duration")
     if seconds != seconds or seconds < 0:  # NaN or negative
         raise ValueError(f"{value!r} is not a non-negative duration")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{value!r} is longer than {MAX_SECONDS // (365 * 86400):.0f} years")
     return seconds
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from importlib import import_module
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .durations import to_seconds
 from .exceptions import HandlerAlreadyRegistered
 
 if TYPE_CHECKING:
@@ -104,8 +106,8 @@ def inbox_handler(
     *,
     consumer: str,
     max_attempts: int | None = None,
-    backoff_base: float | None = None,
-    backoff_max: float | None = None,
+    backoff_base: float | str | timedelta | None = None,
+    backoff_max: float | str | timedelta | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the handler of ``event_type`` for ``consumer``.
 
@@ -115,8 +117,9 @@ def inbox_handler(
             process every message once (fan-out).
         max_attempts: attempts before the message goes ``dead``; overrides the consumer's
             policy and ``INBOX_MAX_ATTEMPTS``.
-        backoff_base: first retry delay in seconds (doubles each attempt, full jitter).
-        backoff_max: cap on the retry delay in seconds.
+        backoff_base: ceiling of the first retry delay (seconds, ``timedelta`` or e.g.
+            ``"30s"``); it doubles each attempt and the delay is drawn below it (full jitter).
+        backoff_max: cap on the retry delay, in the same forms.
 
     The decorator only records the function: it touches no database or setting at import.
     The handler receives the :class:`~django_inbox.models.InboxMessage` and runs inside the
@@ -126,8 +129,16 @@ def inbox_handler(
         raise TypeError("inbox_handler() needs a non-empty event type string")
     if not isinstance(consumer, str) or not consumer:
         raise TypeError("inbox_handler() needs consumer=<non-empty string>")
-    if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+    ):
         raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
+    base = None if backoff_base is None else to_seconds(backoff_base)
+    cap = None if backoff_max is None else to_seconds(backoff_max)
+    if base is not None and base <= 0:
+        raise ValueError(f"backoff_base must be more than zero seconds, got {backoff_base!r}")
+    if base is not None and cap is not None and cap < base:
+        raise ValueError(f"backoff_max ({backoff_max!r}) is shorter than backoff_base")
 
     def decorator(func: F) -> F:
         registry.register(
@@ -136,8 +147,8 @@ def inbox_handler(
                 event_type=event_type,
                 func=func,
                 max_attempts=max_attempts,
-                backoff_base=backoff_base,
-                backoff_max=backoff_max,
+                backoff_base=base,
+                backoff_max=cap,
             )
         )
         return func

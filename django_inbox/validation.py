@@ -33,6 +33,8 @@ def clean_message_id(value: object) -> str:
         )
     if "\x00" in value:
         raise InvalidMessageId("message_id contains a NUL character")
+    if not _is_unicode(value):
+        raise InvalidMessageId("message_id contains a lone surrogate, which is not valid Unicode")
     return value
 
 
@@ -48,7 +50,17 @@ def clean_text(name: str, value: object, *, required: bool, max_length: int = TE
         raise InvalidField(f"{name} is {len(value)} characters long; the limit is {max_length}")
     if "\x00" in value:
         raise InvalidField(f"{name} contains a NUL character")
+    if not _is_unicode(value):
+        raise InvalidField(f"{name} contains a lone surrogate, which is not valid Unicode")
     return value
+
+
+def _is_unicode(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def encode_json(name: str, value: Any, *, max_bytes: int | None = None) -> str:

@@ -86,14 +86,6 @@ def test_e002_bad_max_attempts(value: object) -> None:
     assert "INBOX_*" in text
 
 
-@pytest.mark.xfail(
-    reason=(
-        "BUG: _policy_errors() skips max_attempts when it is None, so INBOX_MAX_ATTEMPTS = None "
-        "(or a consumer's 'max_attempts': None) passes check, and inbox_settings.max_attempts / "
-        "policy() then raise TypeError from int(None) at run time"
-    ),
-    strict=True,
-)
 @pytest.mark.parametrize(
     "overrides",
     [{"INBOX_MAX_ATTEMPTS": None}, {"INBOX_CONSUMERS": {"payments": {"max_attempts": None}}}],
@@ -172,14 +164,6 @@ def test_lease_of_one_second_passes() -> None:
         assert check_settings() == []
 
 
-@pytest.mark.xfail(
-    reason=(
-        "BUG: the checks accept leases/backoffs beyond timedelta's range (float('inf'), "
-        "'99999999999999w'); claim_batch() then fails with OverflowError on "
-        "`now + timedelta(seconds=lease)`"
-    ),
-    strict=True,
-)
 @pytest.mark.parametrize("value", [float("inf"), "99999999999999w"])
 def test_lease_beyond_timedelta_range_is_reported(value: object) -> None:
     with override_settings(INBOX_LEASE=value):
@@ -278,17 +262,16 @@ def test_e009_myisam(databases) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_w002_unsupported_engine(databases) -> None:  # type: ignore[no-untyped-def]
-    with databases(inbox={"ENGINE": "django.db.backends.oracle"}), override_settings(
-        INBOX_DATABASE="inbox"
+    with (
+        databases(inbox={"ENGINE": "django.db.backends.oracle"}),
+        override_settings(INBOX_DATABASE="inbox"),
     ):
         errors = check_database()
     assert ids(errors) == ["django_inbox.W002"]
     assert "oracle" in errors[0].msg
 
 
-@pytest.mark.parametrize(
-    "engine", ["django.db.backends.postgresql", "django.db.backends.sqlite3"]
-)
+@pytest.mark.parametrize("engine", ["django.db.backends.postgresql", "django.db.backends.sqlite3"])
 def test_supported_engines_pass(databases, engine: str) -> None:  # type: ignore[no-untyped-def]
     with databases(inbox={"ENGINE": engine}), override_settings(INBOX_DATABASE="inbox"):
         assert check_database() == []

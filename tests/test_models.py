@@ -196,7 +196,12 @@ def test_polled_statuses() -> None:
 def test_due(rows) -> None:  # type: ignore[no-untyped-def]
     due = InboxMessage.objects.for_consumer("inventory").due(rows)
     assert ids(due) == {"new", "retry-due", "abandoned"}
-    assert ids(InboxMessage.objects.due(rows)) == {"new", "retry-due", "abandoned", "other-consumer"}
+    assert ids(InboxMessage.objects.due(rows)) == {
+        "new",
+        "retry-due",
+        "abandoned",
+        "other-consumer",
+    }
     # Later, the rows scheduled in the future are due as well.
     later = rows + timedelta(minutes=10)
     assert ids(InboxMessage.objects.for_consumer("inventory").due(later)) == {
