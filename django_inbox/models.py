@@ -98,7 +98,7 @@ class InboxMessage(models.Model):
         ]
         indexes = [
             models.Index(
-                fields=["consumer", "next_attempt_at"],
+                fields=["consumer", "next_attempt_at", "id"],
                 condition=Q(status__in=POLLED_STATUSES),
                 name="django_inbox_polled_idx",
             ),
