@@ -14,6 +14,7 @@ from .exceptions import (
     PayloadTooLarge,
     Reject,
     Retry,
+    TransactionAborted,
     UnknownEventType,
 )
 from .outcomes import Outcome
@@ -35,6 +36,7 @@ __all__ = [
     "PayloadTooLarge",
     "Reject",
     "Retry",
+    "TransactionAborted",
     "UnknownEventType",
     "deliver",
     "inbox_handler",

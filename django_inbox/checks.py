@@ -124,6 +124,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="django_inbox.E006",
             )
         )
+    try:
+        to_seconds(_setting("INBOX_POLL_INTERVAL"))
+    except ValueError as exc:
+        errors.append(Error(f"INBOX_POLL_INTERVAL: {exc}.", id="django_inbox.E010"))
     for name in ("INBOX_MAX_PAYLOAD_BYTES", "INBOX_BATCH_SIZE"):
         value = _setting(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -22,6 +22,7 @@ from .processing import (
     log_failure,
     no_handler_reason,
     process_claimed,
+    run_handler,
 )
 from .registry import Handler, registry
 from .retry import RetryPolicy
@@ -145,7 +146,7 @@ def deliver(
         with transaction.atomic(using=using):
             pk = insert_row(row, now, using)
             if pk is not None:
-                handler.func(_materialise(row, pk))
+                run_handler(handler, _materialise(row, pk), using)
     except Exception as exc:
         if pk is None:
             raise  # the inbox's own insert failed: nothing is stored, let the caller retry

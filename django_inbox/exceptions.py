@@ -59,5 +59,13 @@ class Retry(HandlerOutcome):
         self.delay = delay
 
 
+class TransactionAborted(RuntimeError):
+    """The handler returned, but its transaction can no longer commit.
+
+    It caught a database error without a savepoint, so PostgreSQL aborted the transaction (or
+    Django marked it for rollback). Committing would silently roll back; the attempt fails.
+    """
+
+
 class LeaseLost(Exception):
     """Internal: the worker's lease was taken over; its work was rolled back."""

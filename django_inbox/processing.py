@@ -20,12 +20,12 @@ from django.utils import timezone
 
 from . import history
 from .conf import inbox_settings
-from .exceptions import LeaseLost, Park, Reject, Retry
+from .exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted
 from .models import POLLED_STATUSES, InboxMessage
 from .outcomes import Outcome
 from .registry import Handler, registry
 from .retry import RetryPolicy
-from .storage import complete_row
+from .storage import complete_row, transaction_aborted
 
 logger = logging.getLogger("django_inbox")
 Status = InboxMessage.Status
@@ -173,7 +173,7 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         return record_failure(message, Reject(reason), None, using=using)
     try:
         with transaction.atomic(using=using):
-            handler.func(message)
+            run_handler(handler, message, using)
             if not complete_row(message.pk, message.lease_id, timezone.now(), using):
                 raise LeaseLost(message.pk)
     except LeaseLost:
@@ -185,6 +185,17 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
     except Exception as exc:
         return record_failure(message, exc, handler, using=using)
     return Outcome.PROCESSED
+
+
+def run_handler(handler: Handler, message: InboxMessage, using: str) -> None:
+    """Call the handler inside the caller's transaction; refuse to commit an aborted one."""
+    handler.func(message)
+    if transaction_aborted(using):
+        raise TransactionAborted(
+            "the handler caught a database error without a savepoint, so its transaction "
+            "cannot commit; let the error propagate or wrap the statement in "
+            "transaction.atomic()"
+        )
 
 
 def failure_outcome(

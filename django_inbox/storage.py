@@ -127,6 +127,22 @@ def _insert_with_savepoint(values: dict[str, Any], using: str) -> int | None:
     return message.pk
 
 
+_PQ_TRANSACTION_INERROR = 3  # the same value in psycopg 3 and psycopg2
+
+
+def transaction_aborted(using: str) -> bool:
+    """Whether the current transaction can no longer commit (checked without a round trip)."""
+    connection = connections[using]
+    if connection.needs_rollback:
+        return True
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    raw = connection.connection
+    info = getattr(raw, "info", None)
+    status = info.transaction_status if info is not None else raw.get_transaction_status()
+    return int(status) == _PQ_TRANSACTION_INERROR
+
+
 def complete_row(pk: int, lease_id: str, now: datetime, using: str) -> bool:
     """Mark a claimed row completed if ``lease_id`` still holds it (the fence)."""
     connection = connections[using]
@@ -136,7 +152,8 @@ def complete_row(pk: int, lease_id: str, now: datetime, using: str) -> bool:
         sql = (
             f"UPDATE {_table(using)} SET {quote('status')} = %s, {quote('processed_at')} = %s, "
             f"{quote('updated_at')} = %s, {quote('locked_until')} = NULL, "
-            f"{quote('next_attempt_at')} = NULL, {quote('lease_id')} = '' "
+            f"{quote('next_attempt_at')} = NULL, {quote('lease_id')} = '', "
+            f"{quote('last_error')} = '' "
             f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
             f"AND {quote('status')} = %s"
         )

@@ -213,3 +213,10 @@ def test_second_signal_rolls_back_and_exits_non_zero(manage: Manage) -> None:
         deliver(consumer="effects", message_id="slow", event_type="effect.write", payload={})
         == Outcome.IN_PROGRESS
     )
+
+
+def test_misconfigured_worker_refuses_to_start_with_exit_code_2(manage: Manage) -> None:
+    proc = manage("inbox_process", env={"EFFECTS_LEASE": "0.2"})
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "django_inbox.E004" in err

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from effects.models import Effect
 
 from django_inbox import Outcome, deliver, store
 from django_inbox.models import InboxMessage
-from django_inbox.processing import claim_batch
+from django_inbox.processing import claim_batch, process_claimed
 from django_inbox.worker import Worker
 from tests.effects import effect_counts
 
@@ -162,3 +162,54 @@ def test_retry_delays_follow_the_policy() -> None:
     delay = message.next_attempt_at.timestamp() - before
     # effects: backoff_base 0.01s, first retry within [0, 0.01s] plus the call's own time.
     assert -0.001 <= delay <= 0.5
+
+
+def _swallow_database_error(message: InboxMessage) -> None:
+    Effect.objects.create(consumer="probe", message_id=message.message_id, attempt=1, pid=0)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+    except DatabaseError:
+        pass  # the mistake: no savepoint, so PostgreSQL has aborted the transaction
+
+
+def _mark_for_rollback(message: InboxMessage) -> None:
+    Effect.objects.create(consumer="probe", message_id=message.message_id, attempt=1, pid=0)
+    transaction.set_rollback(True)
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        pytest.param(_swallow_database_error, marks=pytest.mark.postgres, id="swallowed-error"),
+        pytest.param(_mark_for_rollback, id="set-rollback"),
+    ],
+)
+@pytest.mark.parametrize("path", ["deliver", "worker"])
+def test_handler_leaving_an_aborted_transaction_fails_instead_of_vanishing(
+    func: object, path: str
+) -> None:
+    from tests.conftest import handler
+
+    with handler("fragile", "probe", func, max_attempts=5):  # type: ignore[arg-type]
+        if path == "deliver":
+            outcome = deliver(consumer="probe", message_id="m-1", event_type="fragile", payload={})
+        else:
+            store(consumer="probe", message_id="m-1", event_type="fragile", payload={})
+            outcome = process_claimed(claim_batch("probe", 1)[0])
+
+    assert outcome == Outcome.FAILED
+    message = row("m-1", "probe")
+    assert message.status == Status.FAILED
+    assert message.errors[-1]["type"] == "TransactionAborted"
+    assert not Effect.objects.exists()
+
+
+def test_completion_after_a_retry_clears_last_error_but_keeps_history() -> None:
+    assert send("evt-11", fail_times=1) == Outcome.FAILED
+    Worker(["effects"], until_idle=1, poll_interval=0.02).run()
+
+    message = row("evt-11")
+    assert message.status == Status.COMPLETED
+    assert message.last_error == ""
+    assert [e["attempt"] for e in message.errors] == [1]

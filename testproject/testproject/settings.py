@@ -6,6 +6,7 @@
 
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -56,8 +57,12 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # One writer at a time; wait for the lock instead of failing at once.
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("timeout", 30)
+    # One writer at a time: take the write lock when a transaction begins (Django 5.1+) and
+    # wait for it instead of failing, so a worker's claim never races another writer.
+    options = DATABASES["default"].setdefault("OPTIONS", {})
+    options.setdefault("timeout", 30)
+    if django.VERSION >= (5, 1):
+        options.setdefault("transaction_mode", "IMMEDIATE")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

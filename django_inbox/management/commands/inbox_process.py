@@ -3,7 +3,12 @@ from __future__ import annotations
 from argparse import ArgumentTypeError
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import (
+    BaseCommand,
+    CommandError,
+    CommandParser,
+    SystemCheckError,
+)
 
 from ...durations import to_seconds
 from ...registry import registry
@@ -24,6 +29,13 @@ class Command(BaseCommand):
         "back the rest of the batch, exit 0; a second signal rolls back and exits 1). "
         "Exit codes: 0 stopped normally, 1 interrupted, 2 misconfigured."
     )
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        # A worker must not start misconfigured, and says so with exit code 2.
+        try:
+            super().check(*args, **kwargs)
+        except SystemCheckError as exc:
+            raise SystemCheckError(str(exc), returncode=2) from None
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
