@@ -174,7 +174,8 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors.append(
             Warning(
                 f"DATABASES[{alias!r}] uses {engine!r}. The inbox's guarantees are tested on "
-                "PostgreSQL (and SQLite for single-process use) only.",
+                "PostgreSQL, and SQLite is supported for development and demos; other "
+                "engines are untested.",
                 id="django_inbox.W002",
             )
         )
