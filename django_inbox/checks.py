@@ -42,6 +42,14 @@ def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
                 id="django_inbox.E002",
             )
         )
+    commit_every = values.get("commit_every", 1)
+    if isinstance(commit_every, bool) or not isinstance(commit_every, int) or commit_every < 1:
+        errors.append(
+            Error(
+                f"{where} commit every must be a positive integer, got {commit_every!r}.",
+                id="django_inbox.E011",
+            )
+        )
     seconds: dict[str, float] = {}
     for key in ("backoff_base", "backoff_max", "lease", "retention"):
         if key not in values:

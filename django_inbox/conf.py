@@ -21,6 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_LEASE": 300.0,
     "INBOX_RETENTION": 30 * 86400.0,
     "INBOX_ALLOW_REPLAY_COMPLETED": False,
+    "INBOX_COMMIT_EVERY": 1,
     "INBOX_CONSUMERS": {},
     "INBOX_MAX_PAYLOAD_BYTES": 1024 * 1024,
     "INBOX_HANDLERS_MODULE": "inbox_handlers",
@@ -38,6 +39,7 @@ POLICY_KEYS: dict[str, str] = {
     "lease": "INBOX_LEASE",
     "retention": "INBOX_RETENTION",
     "allow_replay_completed": "INBOX_ALLOW_REPLAY_COMPLETED",
+    "commit_every": "INBOX_COMMIT_EVERY",
 }
 
 UNHANDLED_CHOICES = ("dead", "refuse")
@@ -53,6 +55,7 @@ class Policy:
     lease: float
     retention: float
     allow_replay_completed: bool
+    commit_every: int
 
 
 class InboxSettings:
@@ -84,6 +87,10 @@ class InboxSettings:
     @property
     def allow_replay_completed(self) -> bool:
         return bool(self._get("INBOX_ALLOW_REPLAY_COMPLETED"))
+
+    @property
+    def commit_every(self) -> int:
+        return int(self._get("INBOX_COMMIT_EVERY"))
 
     @property
     def consumers(self) -> dict[str, dict[str, Any]]:
@@ -126,6 +133,7 @@ class InboxSettings:
             lease=to_seconds(values["lease"]),
             retention=to_seconds(values["retention"]),
             allow_replay_completed=bool(values["allow_replay_completed"]),
+            commit_every=int(values["commit_every"]),
         )
 
 

@@ -79,7 +79,7 @@ def _unhandled(row: NewRow, using: str) -> Outcome | None:
     row.status = Status.DEAD
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
-    if insert_row(row, now, using) is None:
+    if insert_row(row, now, using)[0] is None:
         return None
     logger.error(
         "inbox %s/%s %s stored dead: no handler", row.consumer, row.event_type, row.message_id
@@ -133,18 +133,22 @@ def deliver(
     stores nothing. Database errors of the inbox itself are raised: nothing was committed.
     """
     row = _prepare(consumer, message_id, event_type, payload, headers, source, key)
-    using = inbox_settings.database
+    return _deliver_row(row, inbox_settings.database)
+
+
+def _deliver_row(row: NewRow, using: str, *, again: bool = True) -> Outcome:
     handler = registry.get(row.consumer, row.event_type)
     if handler is None:
         outcome = _unhandled(row, using)
-        return outcome if outcome is not None else _deliver_existing(row, using)
+        return outcome if outcome is not None else _deliver_existing(row, using, again=again)
 
     now = timezone.now()
     row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
     pk: int | None = None
+    existing: str | None = None
     try:
         with transaction.atomic(using=using):
-            pk = insert_row(row, now, using)
+            pk, existing = insert_row(row, now, using, report_existing=True)
             if pk is not None:
                 run_handler(handler, _materialise(row, pk), using)
     except Exception as exc:
@@ -152,7 +156,9 @@ def deliver(
             raise  # the inbox's own insert failed: nothing is stored, let the caller retry
         return _record_first_failure(row, exc, handler, using)
     if pk is None:
-        return _deliver_existing(row, using)
+        if existing == Status.COMPLETED:
+            return Outcome.DUPLICATE
+        return _deliver_existing(row, using, existing, again=again)
     return Outcome.PROCESSED
 
 
@@ -166,9 +172,9 @@ def _record_first_failure(row: NewRow, exc: Exception, handler: Handler, using: 
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
     row.next_attempt_at = None if delay is None else now + timedelta(seconds=delay)
-    if insert_row(row, now, using) is None:
+    if insert_row(row, now, using)[0] is None:
         # A concurrent delivery stored it while ours rolled back; report that one's state.
-        return _deliver_existing(row, using)
+        return _deliver_existing(row, using, again=False)
     log_failure(_materialise(row, 0), entry, status, row.next_attempt_at)
     return Outcome(status)
 
@@ -186,9 +192,12 @@ def _current_status(row: NewRow, using: str) -> str | None:
     return None if found is None else str(found[0])
 
 
-def _deliver_existing(row: NewRow, using: str, *, again: bool = True) -> Outcome:
+def _deliver_existing(
+    row: NewRow, using: str, status: str | None = None, *, again: bool = True
+) -> Outcome:
     """The message's row exists: report it, or process it if it is due and free."""
-    status = _current_status(row, using)
+    if status is None:
+        status = _current_status(row, using)
     if status == Status.COMPLETED:
         return Outcome.DUPLICATE
     if status in (Status.RECEIVED, Status.FAILED, Status.IN_PROGRESS):
@@ -197,23 +206,20 @@ def _deliver_existing(row: NewRow, using: str, *, again: bool = True) -> Outcome
             return process_claimed(claimed[0], using=using)
         status = _current_status(row, using)
     if status is None:
-        # Purged between our insert and our look: it is new again.
-        if again:
-            return _deliver_again(row, using)
-        return Outcome.IN_PROGRESS
+        # Purged between our insert and our look: it is new again (once; then report it busy).
+        if not again:
+            return Outcome.IN_PROGRESS
+        fresh = NewRow(
+            consumer=row.consumer,
+            message_id=row.message_id,
+            event_type=row.event_type,
+            payload=row.payload,
+            headers=row.headers,
+            source=row.source,
+            key=row.key,
+        )
+        return _deliver_row(fresh, using, again=False)
     return _STATUS_OUTCOMES[Status(status)]
-
-
-def _deliver_again(row: NewRow, using: str) -> Outcome:
-    return deliver(
-        consumer=row.consumer,
-        message_id=row.message_id,
-        event_type=row.event_type,
-        payload=json.loads(row.payload),
-        headers=json.loads(row.headers),
-        source=row.source,
-        key=row.key,
-    )
 
 
 def store(
@@ -240,4 +246,4 @@ def store(
         return _unhandled(row, using) is not None
     now = timezone.now()
     row.next_attempt_at = now
-    return insert_row(row, now, using) is not None
+    return insert_row(row, now, using)[0] is not None

@@ -38,8 +38,17 @@ def no_handler_reason(consumer: str, event_type: str) -> str:
     )
 
 
+#: Marks the lease of a batch whose handlers run in one transaction (see :func:`process_batch`).
+SHARED_TRANSACTION = "b:"
+
+
 def claim_batch(
-    consumer: str, limit: int, *, using: str | None = None, message_id: str | None = None
+    consumer: str,
+    limit: int,
+    *,
+    using: str | None = None,
+    message_id: str | None = None,
+    shared_transaction: bool = False,
 ) -> list[InboxMessage]:
     """Claim up to ``limit`` due rows of ``consumer`` and return them, attempt counted.
 
@@ -48,6 +57,8 @@ def claim_batch(
     claimer are skipped, never waited for. The returned rows must be processed in the order
     given (by primary key): :func:`_take_over` relies on it to tell which row of a dead
     worker's batch was running. ``message_id`` restricts the claim to that one message.
+    ``shared_transaction`` marks the batch for :func:`process_batch`, unless it takes over
+    rows of a dead worker: those are always run one transaction each.
     """
     using = using or inbox_settings.database
     now = timezone.now()
@@ -66,7 +77,8 @@ def claim_batch(
         ids = [row.pk for row in candidates if row.pk not in dropped]
         if not ids:
             return []
-        lease_id = uuid.uuid4().hex
+        shared = shared_transaction and not abandoned
+        lease_id = (SHARED_TRANSACTION if shared else "") + uuid.uuid4().hex
         until = now + timedelta(seconds=inbox_settings.policy(consumer).lease)
         rows.filter(pk__in=ids, status__in=POLLED_STATUSES, next_attempt_at__lte=now).update(
             status=Status.IN_PROGRESS,
@@ -99,6 +111,10 @@ def _take_over(abandoned: list[InboxMessage], now: datetime, using: str) -> set[
     was running when it died: that attempt counts (recorded as ``LeaseExpired``; ``dead`` once
     attempts are exhausted). The others never started: their claim is not counted against
     them, so one poison message cannot use up its batch-mates' attempts.
+
+    A batch run in one shared transaction committed nothing, so no row of it can be blamed:
+    none is counted, and the new claim runs them one transaction each, which finds the
+    culprit the next time it strikes.
     """
     rows = InboxMessage.objects.using(using)
     leases = {row.lease_id for row in abandoned}
@@ -110,7 +126,8 @@ def _take_over(abandoned: list[InboxMessage], now: datetime, using: str) -> set[
     )
     dropped: set[int] = set()
     for row in abandoned:
-        if running.get(row.lease_id) != row.pk:
+        shared = row.lease_id.startswith(SHARED_TRANSACTION)
+        if shared or running.get(row.lease_id) != row.pk:
             rows.filter(pk=row.pk).update(attempts=F("attempts") - 1)
             continue
         if not _record_abandoned_attempt(row, now, using):
@@ -185,6 +202,51 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
     except Exception as exc:
         return record_failure(message, exc, handler, using=using)
     return Outcome.PROCESSED
+
+
+def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> list[Outcome]:
+    """Run the handlers of several claimed rows in one transaction, completing all together.
+
+    One commit for the batch instead of one per message. If any handler raises (or a lease
+    was lost), the whole transaction rolls back and each message is run again in its own
+    transaction, so a failure is recorded against the message that caused it: the other
+    handlers' bodies then run twice, which is why this is opt-in (``commit_every``).
+    """
+    using = using or inbox_settings.database
+    if len(messages) < 2:
+        return [process_claimed(message, using=using) for message in messages]
+    handlers = [registry.get(m.consumer, m.event_type) for m in messages]
+    try:
+        with transaction.atomic(using=using):
+            for message, handler in zip(messages, handlers, strict=True):
+                if handler is None:
+                    raise LeaseLost(message.pk)  # not an error here: handled one by one below
+                run_handler(handler, message, using)
+            if complete_rows([m.pk for m in messages], messages[0].lease_id, using) != len(
+                messages
+            ):
+                raise LeaseLost(messages[0].pk)
+    except Exception:
+        return [process_claimed(message, using=using) for message in messages]
+    return [Outcome.PROCESSED] * len(messages)
+
+
+def complete_rows(pks: list[int], lease_id: str, using: str) -> int:
+    """Mark claimed rows completed where ``lease_id`` still holds them; return how many."""
+    now = timezone.now()
+    return (
+        InboxMessage.objects.using(using)
+        .filter(pk__in=pks, lease_id=lease_id, status=Status.IN_PROGRESS)
+        .update(
+            status=Status.COMPLETED,
+            processed_at=now,
+            updated_at=now,
+            locked_until=None,
+            next_attempt_at=None,
+            lease_id="",
+            last_error="",
+        )
+    )
 
 
 def run_handler(handler: Handler, message: InboxMessage, using: str) -> None:

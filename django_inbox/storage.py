@@ -36,7 +36,7 @@ _COLUMNS = (
     "processed_at",
 )
 _JSON_COLUMNS = {"payload", "headers", "history"}
-_sql_cache: dict[tuple[str, str], str] = {}
+_sql_cache: dict[tuple[Any, ...], str] = {}
 
 
 @dataclass
@@ -64,26 +64,55 @@ def _table(using: str) -> str:
     return connections[using].ops.quote_name(InboxMessage._meta.db_table)
 
 
-def _insert_sql(using: str) -> str:
+def _literal(column: str, value: Any, vendor: str) -> str | None:
+    """SQL for values that are the same for many rows, so they need no parameter."""
+    if value is None:
+        return "NULL"
+    if column == "status":
+        return f"'{InboxMessage.Status(value).value}'"
+    if column == "attempts":
+        return str(int(value))
+    if value in ("", "[]", "{}") and column not in ("consumer", "message_id", "event_type"):
+        cast = "::jsonb" if vendor == "postgresql" and column in _JSON_COLUMNS else ""
+        return f"'{value}'{cast}"
+    return None
+
+
+def _insert_sql(using: str, shape: tuple[str, ...], report_existing: bool) -> str:
     connection = connections[using]
-    cached = _sql_cache.get((using, connection.vendor))
-    if cached is not None:
-        return cached
+    key = (using, connection.vendor, shape, report_existing)
+    sql = _sql_cache.get(key)
+    if sql is not None:
+        return sql
     quote = connection.ops.quote_name
-    cast = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
-    placeholders = ", ".join(cast if c in _JSON_COLUMNS else "%s" for c in _COLUMNS)
+    consumer, message_id, id_, status = (
+        quote(c) for c in ("consumer", "message_id", "id", "status")
+    )
     sql = (
         f"INSERT INTO {_table(using)} ({', '.join(quote(c) for c in _COLUMNS)}) "
-        f"VALUES ({placeholders}) "
-        f"ON CONFLICT ({quote('consumer')}, {quote('message_id')}) DO NOTHING "
-        f"RETURNING {quote('id')}"
+        f"VALUES ({', '.join(shape)}) "
+        f"ON CONFLICT ({consumer}, {message_id}) DO NOTHING RETURNING {id_}"
     )
-    _sql_cache[(using, connection.vendor)] = sql
+    if report_existing:
+        # The row inserted by the CTE is invisible to the statement's own snapshot, so the
+        # second SELECT answers only for a row that existed already.
+        sql = (
+            f"WITH ins AS ({sql}) SELECT {id_}, NULL FROM ins UNION ALL "
+            f"SELECT NULL, {status} FROM {_table(using)} "
+            f"WHERE {consumer} = %s AND {message_id} = %s"
+        )
+    _sql_cache[key] = sql
     return sql
 
 
-def insert_row(row: NewRow, now: datetime, using: str) -> int | None:
-    """Insert ``row``; return its new id, or ``None`` if ``(consumer, message_id)`` exists."""
+def insert_row(
+    row: NewRow, now: datetime, using: str, *, report_existing: bool = False
+) -> tuple[int | None, str | None]:
+    """Insert ``row``; return ``(new id, None)``, or ``(None, status)`` if it exists.
+
+    The existing row's status comes back in the same statement where the database can say
+    it (PostgreSQL, with ``report_existing``); otherwise it is ``None`` and the caller looks.
+    """
     connection = connections[using]
     values: dict[str, Any] = {
         "consumer": row.consumer,
@@ -93,7 +122,7 @@ def insert_row(row: NewRow, now: datetime, using: str) -> int | None:
         "key": row.key,
         "payload": row.payload,
         "headers": row.headers,
-        "status": str(row.status),
+        "status": row.status,
         "attempts": row.attempts,
         "last_error": row.last_error,
         "history": row.history,
@@ -104,14 +133,30 @@ def insert_row(row: NewRow, now: datetime, using: str) -> int | None:
         "lease_id": row.lease_id,
         "processed_at": row.processed_at,
     }
-    if connection.vendor in ("postgresql", "sqlite"):
-        adapt = connection.ops.adapt_datetimefield_value
-        params = [adapt(v) if isinstance(v, datetime) else v for v in (values[c] for c in _COLUMNS)]
-        with connection.cursor() as cursor:
-            cursor.execute(_insert_sql(using), params)
-            found = cursor.fetchone()
-        return None if found is None else int(found[0])
-    return _insert_with_savepoint(values, using)
+    vendor = connection.vendor
+    if vendor not in ("postgresql", "sqlite"):
+        return _insert_with_savepoint(values, using), None
+    adapt = connection.ops.adapt_datetimefield_value
+    placeholder = "%s::jsonb" if vendor == "postgresql" else "%s"
+    shape: list[str] = []
+    params: list[Any] = []
+    for column in _COLUMNS:
+        value = values[column]
+        literal = _literal(column, value, vendor)
+        if literal is not None:
+            shape.append(literal)
+            continue
+        shape.append(placeholder if column in _JSON_COLUMNS else "%s")
+        params.append(adapt(value) if isinstance(value, datetime) else value)
+    report_existing = report_existing and vendor == "postgresql"
+    if report_existing:
+        params += [row.consumer, row.message_id]
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(using, tuple(shape), report_existing), params)
+        found = cursor.fetchone()
+    if found is None:
+        return None, None
+    return (None, str(found[1])) if found[0] is None else (int(found[0]), None)
 
 
 def _insert_with_savepoint(values: dict[str, Any], using: str) -> int | None:

@@ -12,7 +12,12 @@ from django.utils import timezone
 
 from .conf import inbox_settings
 from .models import InboxMessage
-from .processing import claim_batch, process_claimed, release
+from .processing import (
+    SHARED_TRANSACTION,
+    claim_batch,
+    process_batch,
+    release,
+)
 from .registry import registry
 from .shutdown import Shutdown
 
@@ -38,6 +43,8 @@ class Worker:
         max_messages: stop after handling this many messages.
         until_idle: stop once nothing was due for this many seconds (``0``: when drained).
         poll_interval: sleep between polls when nothing is due.
+        commit_every: run this many messages per transaction (overrides each consumer's
+            ``commit_every`` policy; see :func:`~django_inbox.processing.process_batch`).
         shutdown: stop requests (signals); a new one when ``None``.
     """
 
@@ -49,6 +56,7 @@ class Worker:
         max_messages: int | None = None,
         until_idle: float | None = None,
         poll_interval: float | None = None,
+        commit_every: int | None = None,
         shutdown: Shutdown | None = None,
     ) -> None:
         self.consumers = list(consumers or [])
@@ -58,6 +66,7 @@ class Worker:
         self.poll_interval = (
             inbox_settings.poll_interval if poll_interval is None else poll_interval
         )
+        self.commit_every = commit_every
         self.shutdown = shutdown or Shutdown()
         self.stats = WorkerStats()
 
@@ -76,14 +85,19 @@ class Worker:
             room = self._room()
             if room <= 0 or self.shutdown.requested:
                 break
-            batch = claim_batch(consumer, room)
-            for index, message in enumerate(batch):
-                if self.shutdown.requested or _lease_ran_out(message):
-                    self.stats.released += release(batch[index:])
+            commit_every = self.commit_every or inbox_settings.policy(consumer).commit_every
+            batch = claim_batch(consumer, room, shared_transaction=commit_every > 1)
+            if not batch[:1] or not batch[0].lease_id.startswith(SHARED_TRANSACTION):
+                commit_every = 1
+            for start in range(0, len(batch), commit_every):
+                chunk = batch[start : start + commit_every]
+                if self.shutdown.requested or _lease_ran_out(chunk[-1]):
+                    self.stats.released += release(batch[start:])
                     break
-                outcome = process_claimed(message)
-                self.stats.outcomes[outcome.value] += 1
-                handled += 1
+                outcomes = process_batch(chunk)
+                for outcome in outcomes:
+                    self.stats.outcomes[outcome.value] += 1
+                handled += len(outcomes)
         return handled
 
     def run(self) -> WorkerStats:

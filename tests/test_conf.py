@@ -142,7 +142,12 @@ def test_consumers_none_is_empty() -> None:
     INBOX_RETENTION="14d",
     INBOX_ALLOW_REPLAY_COMPLETED=False,
     INBOX_CONSUMERS={
-        "inventory": {"max_attempts": 2, "lease": "10s", "allow_replay_completed": True},
+        "inventory": {
+            "max_attempts": 2,
+            "lease": "10s",
+            "allow_replay_completed": True,
+            "commit_every": 50,
+        },
         "payments": {"backoff_base": "500ms", "backoff_max": timedelta(minutes=1)},
         "empty": {},
     },
@@ -155,6 +160,7 @@ def test_consumer_policy_overrides_globals_key_by_key() -> None:
         lease=10.0,
         retention=14 * 86400.0,
         allow_replay_completed=True,
+        commit_every=50,
     )
     assert inbox_settings.policy("payments") == Policy(
         max_attempts=5,
@@ -163,6 +169,7 @@ def test_consumer_policy_overrides_globals_key_by_key() -> None:
         lease=120.0,
         retention=14 * 86400.0,
         allow_replay_completed=False,
+        commit_every=1,
     )
     globals_only = Policy(
         max_attempts=5,
@@ -171,6 +178,7 @@ def test_consumer_policy_overrides_globals_key_by_key() -> None:
         lease=120.0,
         retention=14 * 86400.0,
         allow_replay_completed=False,
+        commit_every=1,
     )
     assert inbox_settings.policy("empty") == globals_only
     assert inbox_settings.policy("not-configured") == globals_only

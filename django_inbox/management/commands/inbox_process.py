@@ -62,6 +62,17 @@ class Command(BaseCommand):
             help="Exit 0 once nothing was due for this long (0: as soon as drained).",
         )
         parser.add_argument(
+            "--commit-every",
+            type=int,
+            default=None,
+            metavar="N",
+            help=(
+                "Run N messages per transaction (default: each consumer's commit_every, "
+                "INBOX_COMMIT_EVERY = 1). Faster; on a failure the batch is rolled back and "
+                "rerun one message per transaction, so handlers may run twice."
+            ),
+        )
+        parser.add_argument(
             "--poll-interval",
             type=_seconds,
             default=None,
@@ -78,7 +89,7 @@ class Command(BaseCommand):
                 f"{registry.consumers()!r}.",
                 returncode=2,
             )
-        for name in ("batch_size", "max_messages"):
+        for name in ("batch_size", "max_messages", "commit_every"):
             if options[name] is not None and options[name] < 1:
                 raise CommandError(f"--{name.replace('_', '-')} must be at least 1.", returncode=2)
         worker = Worker(
@@ -87,6 +98,7 @@ class Command(BaseCommand):
             max_messages=options["max_messages"],
             until_idle=options["until_idle"],
             poll_interval=options["poll_interval"],
+            commit_every=options["commit_every"],
         )
         with worker.shutdown.handling_signals():
             stats = worker.run()
