@@ -79,7 +79,7 @@ def _unhandled(row: NewRow, using: str) -> Outcome | None:
     row.status = Status.DEAD
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
-    if insert_row(row, now, using)[0] is None:
+    if insert_row(row, now, using) is None:
         return None
     logger.error(
         "inbox %s/%s %s stored dead: no handler", row.consumer, row.event_type, row.message_id
@@ -145,10 +145,9 @@ def _deliver_row(row: NewRow, using: str, *, again: bool = True) -> Outcome:
     now = timezone.now()
     row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
     pk: int | None = None
-    existing: str | None = None
     try:
         with transaction.atomic(using=using):
-            pk, existing = insert_row(row, now, using, report_existing=True)
+            pk = insert_row(row, now, using)
             if pk is not None:
                 run_handler(handler, _materialise(row, pk), using)
     except Exception as exc:
@@ -156,9 +155,7 @@ def _deliver_row(row: NewRow, using: str, *, again: bool = True) -> Outcome:
             raise  # the inbox's own insert failed: nothing is stored, let the caller retry
         return _record_first_failure(row, exc, handler, using)
     if pk is None:
-        if existing == Status.COMPLETED:
-            return Outcome.DUPLICATE
-        return _deliver_existing(row, using, existing, again=again)
+        return _deliver_existing(row, using, again=again)
     return Outcome.PROCESSED
 
 
@@ -172,7 +169,7 @@ def _record_first_failure(row: NewRow, exc: Exception, handler: Handler, using: 
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
     row.next_attempt_at = None if delay is None else now + timedelta(seconds=delay)
-    if insert_row(row, now, using)[0] is None:
+    if insert_row(row, now, using) is None:
         # A concurrent delivery stored it while ours rolled back; report that one's state.
         return _deliver_existing(row, using, again=False)
     log_failure(_materialise(row, 0), entry, status, row.next_attempt_at)
@@ -192,12 +189,9 @@ def _current_status(row: NewRow, using: str) -> str | None:
     return None if found is None else str(found[0])
 
 
-def _deliver_existing(
-    row: NewRow, using: str, status: str | None = None, *, again: bool = True
-) -> Outcome:
+def _deliver_existing(row: NewRow, using: str, *, again: bool = True) -> Outcome:
     """The message's row exists: report it, or process it if it is due and free."""
-    if status is None:
-        status = _current_status(row, using)
+    status = _current_status(row, using)
     if status == Status.COMPLETED:
         return Outcome.DUPLICATE
     if status in (Status.RECEIVED, Status.FAILED, Status.IN_PROGRESS):
@@ -246,4 +240,4 @@ def store(
         return _unhandled(row, using) is not None
     now = timezone.now()
     row.next_attempt_at = now
-    return insert_row(row, now, using)[0] is not None
+    return insert_row(row, now, using) is not None

@@ -78,40 +78,28 @@ def _literal(column: str, value: Any, vendor: str) -> str | None:
     return None
 
 
-def _insert_sql(using: str, shape: tuple[str, ...], report_existing: bool) -> str:
+def _insert_sql(using: str, shape: tuple[str, ...]) -> str:
     connection = connections[using]
-    key = (using, connection.vendor, shape, report_existing)
+    key = (using, connection.vendor, shape)
     sql = _sql_cache.get(key)
     if sql is not None:
         return sql
     quote = connection.ops.quote_name
-    consumer, message_id, id_, status = (
-        quote(c) for c in ("consumer", "message_id", "id", "status")
-    )
     sql = (
         f"INSERT INTO {_table(using)} ({', '.join(quote(c) for c in _COLUMNS)}) "
         f"VALUES ({', '.join(shape)}) "
-        f"ON CONFLICT ({consumer}, {message_id}) DO NOTHING RETURNING {id_}"
+        f"ON CONFLICT ({quote('consumer')}, {quote('message_id')}) DO NOTHING "
+        f"RETURNING {quote('id')}"
     )
-    if report_existing:
-        # The row inserted by the CTE is invisible to the statement's own snapshot, so the
-        # second SELECT answers only for a row that existed already.
-        sql = (
-            f"WITH ins AS ({sql}) SELECT {id_}, NULL FROM ins UNION ALL "
-            f"SELECT NULL, {status} FROM {_table(using)} "
-            f"WHERE {consumer} = %s AND {message_id} = %s"
-        )
     _sql_cache[key] = sql
     return sql
 
 
-def insert_row(
-    row: NewRow, now: datetime, using: str, *, report_existing: bool = False
-) -> tuple[int | None, str | None]:
-    """Insert ``row``; return ``(new id, None)``, or ``(None, status)`` if it exists.
+def insert_row(row: NewRow, now: datetime, using: str) -> int | None:
+    """Insert ``row``; return its new id, or ``None`` if ``(consumer, message_id)`` exists.
 
-    The existing row's status comes back in the same statement where the database can say
-    it (PostgreSQL, with ``report_existing``); otherwise it is ``None`` and the caller looks.
+    Values that are the same for many rows (statuses, empty strings, NULLs) are written into
+    the SQL, so only the message's own values travel as parameters.
     """
     connection = connections[using]
     values: dict[str, Any] = {
@@ -135,7 +123,7 @@ def insert_row(
     }
     vendor = connection.vendor
     if vendor not in ("postgresql", "sqlite"):
-        return _insert_with_savepoint(values, using), None
+        return _insert_with_savepoint(values, using)
     adapt = connection.ops.adapt_datetimefield_value
     placeholder = "%s::jsonb" if vendor == "postgresql" else "%s"
     shape: list[str] = []
@@ -148,15 +136,10 @@ def insert_row(
             continue
         shape.append(placeholder if column in _JSON_COLUMNS else "%s")
         params.append(adapt(value) if isinstance(value, datetime) else value)
-    report_existing = report_existing and vendor == "postgresql"
-    if report_existing:
-        params += [row.consumer, row.message_id]
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(using, tuple(shape), report_existing), params)
+        cursor.execute(_insert_sql(using, tuple(shape)), params)
         found = cursor.fetchone()
-    if found is None:
-        return None, None
-    return (None, str(found[1])) if found[0] is None else (int(found[0]), None)
+    return None if found is None else int(found[0])
 
 
 def _insert_with_savepoint(values: dict[str, Any], using: str) -> int | None:
