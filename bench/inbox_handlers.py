@@ -7,9 +7,17 @@ from django_inbox import inbox_handler
 
 CONSUMER = "bench"
 EVENT_TYPE = "bench.take"
-SKUS = 100  # rows the updates are spread over: BENCH-0 … BENCH-99
 
 
 @inbox_handler(EVENT_TYPE, consumer=CONSUMER)
 def take_one(message):
     Stock.objects.filter(sku=message.payload["sku"]).update(qty=F("qty") - 1)
+
+
+NOOP_CONSUMER = "bench-noop"
+NOOP_EVENT_TYPE = "bench.noop"
+
+
+@inbox_handler(NOOP_EVENT_TYPE, consumer=NOOP_CONSUMER)
+def nothing(message):
+    """An empty handler: what the inbox costs on its own."""
