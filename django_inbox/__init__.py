@@ -21,7 +21,7 @@ from .outcomes import Outcome
 from .registry import inbox_handler
 
 if TYPE_CHECKING:
-    from .delivery import deliver, store
+    from .delivery import deliver, store, store_dead
 
 __version__ = "0.1.0"
 
@@ -41,13 +41,14 @@ __all__ = [
     "deliver",
     "inbox_handler",
     "store",
+    "store_dead",
 ]
 
 
 def __getattr__(name: str) -> Any:
     # deliver/store import the model, which needs the app registry: load them on first use so
     # `from django_inbox import inbox_handler` works in settings-time imports.
-    if name in ("deliver", "store"):
+    if name in ("deliver", "store", "store_dead"):
         from . import delivery
 
         return getattr(delivery, name)

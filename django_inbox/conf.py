@@ -28,6 +28,9 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_DATABASE": "default",
     "INBOX_UNHANDLED": "dead",
     "INBOX_BATCH_SIZE": 100,
+    "INBOX_BROKER_URL": None,
+    "INBOX_BROKER_TRANSPORT_OPTIONS": {},
+    "INBOX_PREFETCH": 100,
     "INBOX_POLL_INTERVAL": 1.0,
 }
 
@@ -115,6 +118,19 @@ class InboxSettings:
     @property
     def batch_size(self) -> int:
         return int(self._get("INBOX_BATCH_SIZE"))
+
+    @property
+    def broker_url(self) -> str | None:
+        value = self._get("INBOX_BROKER_URL")
+        return None if value is None else str(value)
+
+    @property
+    def broker_transport_options(self) -> dict[str, Any]:
+        return dict(self._get("INBOX_BROKER_TRANSPORT_OPTIONS") or {})
+
+    @property
+    def prefetch(self) -> int:
+        return int(self._get("INBOX_PREFETCH"))
 
     @property
     def poll_interval(self) -> float:

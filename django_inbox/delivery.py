@@ -72,19 +72,46 @@ def _unhandled(row: NewRow, using: str) -> Outcome | None:
     reason = no_handler_reason(row.consumer, row.event_type)
     if inbox_settings.unhandled == "refuse":
         raise UnknownEventType(reason)
+    return Outcome.DEAD if _insert_dead(row, reason, "NoHandler", using) else None
+
+
+def _insert_dead(row: NewRow, reason: str, error_type: str, using: str) -> bool:
     now = timezone.now()
     entry = history.error_entry(
-        Reject(reason), attempt=0, at=now, outcome=Status.DEAD, error_type="NoHandler"
+        Reject(reason), attempt=0, at=now, outcome=Status.DEAD, error_type=error_type
     )
     row.status = Status.DEAD
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
     if insert_row(row, now, using) is None:
-        return None
+        return False
     logger.error(
-        "inbox %s/%s %s stored dead: no handler", row.consumer, row.event_type, row.message_id
+        "inbox %s/%s %s stored dead: %s", row.consumer, row.event_type, row.message_id, error_type
     )
-    return Outcome.DEAD
+    return True
+
+
+def store_dead(
+    *,
+    consumer: str,
+    message_id: str,
+    event_type: str,
+    payload: Any,
+    reason: str,
+    error_type: str = "Refused",
+    headers: Mapping[str, Any] | None = None,
+    source: str | None = "",
+    key: str | None = "",
+) -> bool:
+    """Keep a message that can never be handled as ``dead``, with the reason; ``True`` if new.
+
+    For what a consumer cannot even decode (a body that is not JSON, an unsupported content
+    type, a payload over the size limit): the message is kept where an operator sees it,
+    instead of being dropped or retried in a loop. ``payload`` should be what is left of it
+    (e.g. the raw body). Takes the other arguments of :func:`deliver`.
+    """
+    row = _prepare(consumer, message_id, event_type, payload, headers, source, key)
+    return _insert_dead(row, reason, error_type, inbox_settings.database)
 
 
 def _materialise(row: NewRow, pk: int) -> InboxMessage:
@@ -113,6 +140,7 @@ def deliver(
     headers: Mapping[str, Any] | None = None,
     source: str | None = "",
     key: str | None = "",
+    redelivered: bool = False,
 ) -> Outcome:
     """Store one message and process it inline; return what happened as an :class:`Outcome`.
 
@@ -125,6 +153,11 @@ def deliver(
         headers: broker or HTTP headers worth keeping (JSON mapping).
         source: where the message came from (queue, webhook sender, CloudEvents source).
         key: ordering or partition key.
+        redelivered: the broker says it delivered this message before (AMQP ``redelivered``,
+            a delivery count). If the inbox has no row for it, the earlier delivery died
+            before committing, perhaps killed by this very message: that attempt is counted,
+            and this one is counted durably before the handler runs, so a message that kills
+            its consumer every time ends ``dead`` after ``max_attempts``.
 
     A new message's row, the handler's writes and the ``completed`` status commit in one
     transaction. A handler exception rolls the handler's writes back and records the failure
@@ -133,14 +166,18 @@ def deliver(
     stores nothing. Database errors of the inbox itself are raised: nothing was committed.
     """
     row = _prepare(consumer, message_id, event_type, payload, headers, source, key)
-    return _deliver_row(row, inbox_settings.database)
+    return _deliver_row(row, inbox_settings.database, redelivered=redelivered)
 
 
-def _deliver_row(row: NewRow, using: str, *, again: bool = True) -> Outcome:
+def _deliver_row(
+    row: NewRow, using: str, *, again: bool = True, redelivered: bool = False
+) -> Outcome:
     handler = registry.get(row.consumer, row.event_type)
     if handler is None:
         outcome = _unhandled(row, using)
         return outcome if outcome is not None else _deliver_existing(row, using, again=again)
+    if redelivered:
+        return _deliver_redelivered(row, using)
 
     now = timezone.now()
     row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
@@ -157,6 +194,27 @@ def _deliver_row(row: NewRow, using: str, *, again: bool = True) -> Outcome:
     if pk is None:
         return _deliver_existing(row, using, again=again)
     return Outcome.PROCESSED
+
+
+def _deliver_redelivered(row: NewRow, using: str) -> Outcome:
+    """A redelivery the inbox has no record of: count the lost attempt, then run durably."""
+    now = timezone.now()
+    entry = history.error_entry(
+        None,
+        attempt=1,
+        at=now,
+        outcome=Status.FAILED,
+        error_type="LostAttempt",
+        message=(
+            "the broker redelivered a message the inbox had no record of: an earlier "
+            "delivery ended before committing (the process died or the connection dropped)"
+        ),
+    )
+    row.status, row.attempts, row.next_attempt_at = Status.FAILED, 1, now
+    row.last_error = history.summary(entry)
+    row.history = json.dumps([entry])
+    insert_row(row, now, using)
+    return _deliver_existing(row, using, again=False)
 
 
 def _record_first_failure(row: NewRow, exc: Exception, handler: Handler, using: str) -> Outcome:

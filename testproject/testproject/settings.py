@@ -75,6 +75,7 @@ INBOX_CONSUMERS = {
     "inventory": {"max_attempts": 4, "backoff_base": 0.05, "backoff_max": 0.2},
     "payments": {"max_attempts": 4, "backoff_base": 0.05, "backoff_max": 0.2},
     # Test consumers: short leases so crash tests see dead workers' rows come back quickly.
+    "stream": {"backoff_base": 0.05, "backoff_max": 0.5, "lease": 2.0},
     "effects": {
         "max_attempts": 3,
         "backoff_base": 0.01,
@@ -82,6 +83,24 @@ INBOX_CONSUMERS = {
         "lease": env.float("EFFECTS_LEASE", default=2.0),
     },
 }
+
+# The embedded broker for the demo: kombu's filesystem transport, messages as files under
+# testproject/broker/. Point INBOX_BROKER_URL at RabbitMQ or Redis for the real thing.
+INBOX_BROKER_URL = env("INBOX_BROKER_URL", default="filesystem://")
+_BROKER_DIR = BASE_DIR / "broker"
+INBOX_BROKER_TRANSPORT_OPTIONS = env.json(
+    "INBOX_BROKER_TRANSPORT_OPTIONS",
+    default=(
+        {
+            "data_folder_in": str(_BROKER_DIR / "messages"),
+            "data_folder_out": str(_BROKER_DIR / "messages"),
+            "control_folder": str(_BROKER_DIR / "control"),
+        }
+        if INBOX_BROKER_URL.startswith("filesystem")
+        else {}
+    ),
+)
+INBOX_MAX_PAYLOAD_BYTES = env.int("INBOX_MAX_PAYLOAD_BYTES", default=1024 * 1024)
 
 LOGGING = {
     "version": 1,

@@ -15,7 +15,7 @@ from ...registry import registry
 from ...worker import Worker
 
 
-def _seconds(value: str) -> float:
+def seconds(value: str) -> float:
     try:
         return to_seconds(value)
     except ValueError as exc:
@@ -56,7 +56,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--until-idle",
-            type=_seconds,
+            type=seconds,
             default=None,
             metavar="SECONDS",
             help="Exit 0 once nothing was due for this long (0: as soon as drained).",
@@ -74,7 +74,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--poll-interval",
-            type=_seconds,
+            type=seconds,
             default=None,
             metavar="SECONDS",
             help="Sleep between polls when nothing is due (INBOX_POLL_INTERVAL).",

@@ -1,0 +1,314 @@
+"""The loop behind ``manage.py inbox_consume``: broker messages into the inbox, acked after commit.
+
+Each message is acknowledged only after the inbox committed it: processed (``after-process``)
+or stored (``after-store``). A crash before the ack makes the broker redeliver, and the inbox
+answers the copy as a duplicate. Nothing is acknowledged that was not committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
+
+from ..conf import inbox_settings
+from ..delivery import deliver, store, store_dead
+from ..exceptions import InvalidMessage, InvalidMessageId
+from ..shutdown import Shutdown
+from ..worker import Worker
+from .envelope import Envelope, parse
+
+logger = logging.getLogger("django_inbox")
+
+
+class AckMode(StrEnum):
+    AFTER_PROCESS = "after-process"
+    AFTER_STORE = "after-store"
+
+
+@dataclass
+class ConsumeStats:
+    """What a consumer did: outcomes of delivered messages and what it did at the broker."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    acked: int = 0
+    refused: int = 0
+    requeued: int = 0
+    reconnects: int = 0
+    database_errors: int = 0
+
+    @property
+    def received(self) -> int:
+        return self.acked + self.refused
+
+
+class Backoff:
+    """Exponential backoff with jitter for reconnecting: 0.5 s doubling to 30 s."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base, self.cap, self.failures = base, cap, 0
+
+    def next(self) -> float:
+        self.failures += 1
+        ceiling = min(self.cap, self.base * 2 ** min(self.failures - 1, 16))
+        return float(ceiling / 2 + random.uniform(0, ceiling / 2))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class BrokerConsumer:
+    """Consume one queue into one inbox consumer until told to stop.
+
+    Args:
+        consumer: the inbox consumer the messages are for (its handlers run them).
+        queue: the broker queue to read.
+        broker_url: a kombu URL (``amqp://``, ``redis://``, ``sqs://``, ``filesystem://``).
+        transport_options: kombu transport options (e.g. Redis/SQS visibility timeout).
+        exchange, exchange_type, routing_key: bind the queue to this exchange when declaring.
+        declare: declare the queue (and exchange and binding); off for pre-provisioned brokers.
+        prefetch: unacknowledged messages the broker may hand this process at once.
+        ack_mode: ``after-process`` (default) or ``after-store``.
+        process_due: also run the consumer's due retries and abandoned rows between
+            messages (default: on in ``after-process`` mode, off in ``after-store`` mode).
+        max_messages: stop after this many broker messages.
+        until_idle: stop once no message arrived for this many seconds.
+        shutdown: stop requests (signals).
+    """
+
+    tick = 0.5  # seconds drain_events waits before the loop looks around
+
+    def __init__(
+        self,
+        *,
+        consumer: str,
+        queue: str,
+        broker_url: str,
+        transport_options: dict[str, Any] | None = None,
+        exchange: str | None = None,
+        exchange_type: str = "direct",
+        routing_key: str | None = None,
+        declare: bool = True,
+        prefetch: int = 100,
+        ack_mode: AckMode = AckMode.AFTER_PROCESS,
+        process_due: bool | None = None,
+        max_messages: int | None = None,
+        until_idle: float | None = None,
+        shutdown: Shutdown | None = None,
+        envelope: Callable[..., Envelope] = parse,
+    ) -> None:
+        self.consumer = consumer
+        self.queue_name = queue
+        self.broker_url = broker_url
+        self.transport_options = dict(transport_options or {})
+        self.exchange = exchange
+        self.exchange_type = exchange_type
+        self.routing_key = routing_key
+        self.declare = declare
+        self.prefetch = prefetch
+        self.ack_mode = AckMode(ack_mode)
+        self.process_due = (
+            self.ack_mode is AckMode.AFTER_PROCESS if process_due is None else process_due
+        )
+        self.max_messages = max_messages
+        self.until_idle = until_idle
+        self.shutdown = shutdown or Shutdown()
+        self.envelope = envelope
+        self.stats = ConsumeStats()
+        self._last_message = time.monotonic()
+        self._last_sweep = 0.0
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> ConsumeStats:
+        backoff = Backoff()
+        while not self._finished():
+            connection = Connection(self.broker_url, transport_options=self.transport_options)
+            try:
+                self._consume(connection, backoff)
+            except (*connection.connection_errors, *connection.channel_errors) as exc:
+                self.stats.reconnects += 1
+                delay = backoff.next()
+                logger.warning(
+                    "inbox_consume %s: broker connection lost (%s: %s); reconnecting in %.1fs",
+                    self.consumer,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                self.shutdown.wait(delay)
+            finally:
+                _release(connection)
+        close_old_connections()
+        return self.stats
+
+    def _consume(self, connection: Connection, backoff: Backoff) -> None:
+        connection.ensure_connection(max_retries=1)
+        queue = self._queue()
+        with connection.Consumer(
+            [queue],
+            on_message=self._on_message,
+            prefetch_count=self.prefetch,
+            auto_declare=self.declare,
+        ):
+            if self.stats.reconnects:
+                logger.warning("inbox_consume %s: reconnected to the broker", self.consumer)
+            backoff.reset()
+            while not self._finished():
+                try:
+                    connection.drain_events(timeout=self.tick)
+                except TimeoutError:
+                    connection.heartbeat_check()
+                self._between_messages()
+
+    def _queue(self) -> Queue:
+        if self.exchange:
+            exchange = Exchange(self.exchange, type=self.exchange_type, durable=True)
+            return Queue(
+                self.queue_name,
+                exchange,
+                routing_key=self.routing_key or self.queue_name,
+                durable=True,
+            )
+        return Queue(self.queue_name, routing_key=self.queue_name, durable=True)
+
+    def _finished(self) -> bool:
+        if self.shutdown.requested:
+            return True
+        if self.max_messages is not None and self.stats.received >= self.max_messages:
+            return True
+        idle = time.monotonic() - self._last_message
+        return self.until_idle is not None and idle >= self.until_idle
+
+    def _between_messages(self) -> None:
+        if not self.process_due or self.shutdown.requested:
+            return
+        now = time.monotonic()
+        if now - self._last_sweep < inbox_settings.poll_interval:
+            return
+        self._last_sweep = now
+        try:
+            if Worker([self.consumer], shutdown=self.shutdown).run_once():
+                self._last_message = time.monotonic()  # retries are work: not idle
+        except (DatabaseError, InterfaceError) as exc:
+            self._database_error(exc)
+
+    # -- one message ----------------------------------------------------------------------
+
+    def _on_message(self, message: Any) -> None:
+        self._last_message = time.monotonic()
+        close_old_connections()
+        try:
+            envelope = self.envelope(message, raw_limit=inbox_settings.max_payload_bytes // 2)
+            action = self._handle(envelope)
+        except (DatabaseError, InterfaceError) as exc:
+            # Nothing was committed (or a commit's fate is unknown): the broker keeps the
+            # message and redelivers it; the inbox answers a committed one as a duplicate.
+            self._database_error(exc)
+            self._requeue(message)
+            return
+        except Exception:
+            logger.exception("inbox_consume %s: unexpected error; requeueing", self.consumer)
+            self.stats.database_errors += 1
+            self._requeue(message)
+            return
+        if action == "refuse":
+            message.reject(requeue=False)
+            self.stats.refused += 1
+        else:
+            message.ack()
+            self.stats.acked += 1
+            self.stats.database_errors = 0
+
+    def _requeue(self, message: Any) -> None:
+        message.requeue()
+        self.stats.requeued += 1
+        self.shutdown.wait(min(5.0, 0.1 * 2 ** min(self.stats.database_errors, 6)))
+
+    def _handle(self, envelope: Envelope) -> str:
+        if not envelope.message_id:
+            logger.error(
+                "inbox_consume %s: refused a message without an id from queue %s (type %s); "
+                "an id invented here would defeat deduplication",
+                self.consumer,
+                self.queue_name,
+                envelope.event_type or "-",
+            )
+            return "refuse"
+        fields: dict[str, Any] = {
+            "consumer": self.consumer,
+            "message_id": envelope.message_id,
+            "event_type": envelope.event_type or "unknown",
+            "headers": envelope.headers,
+            "source": envelope.source[:255],
+            "key": envelope.key[:255],
+        }
+        try:
+            if envelope.problem or not envelope.event_type:
+                reason = envelope.problem or "the message has no event type"
+                self._keep_dead(fields, envelope.payload, reason, "Undecodable")
+                return "ack"
+            if self.ack_mode is AckMode.AFTER_STORE:
+                new = store(payload=envelope.payload, **fields)
+                self.stats.outcomes["stored" if new else "duplicate"] += 1
+                return "ack"
+            outcome = deliver(payload=envelope.payload, redelivered=envelope.redelivered, **fields)
+            self.stats.outcomes[outcome.value] += 1
+            return "ack"
+        except InvalidMessageId as exc:
+            logger.error(
+                "inbox_consume %s: refused a message with an unusable id: %s", self.consumer, exc
+            )
+            return "refuse"
+        except InvalidMessage as exc:
+            # Kept dead without what could not be stored; the reason says what it was.
+            try:
+                self._keep_dead(fields, {"refused": str(exc)}, str(exc), type(exc).__name__)
+            except InvalidMessage:
+                logger.error(
+                    "inbox_consume %s: refused message %s: %s",
+                    self.consumer,
+                    envelope.message_id,
+                    exc,
+                )
+                return "refuse"
+            return "ack"
+
+    def _keep_dead(self, fields: dict[str, Any], payload: Any, reason: str, kind: str) -> None:
+        fields = dict(fields, event_type=str(fields["event_type"])[:255] or "unknown")
+        try:
+            store_dead(payload=payload, reason=reason, error_type=kind, **fields)
+        except InvalidMessage:
+            fields["headers"] = {}  # headers that cannot be stored must not lose the message
+            store_dead(payload=payload, reason=reason, error_type=kind, **fields)
+        self.stats.outcomes["dead"] += 1
+
+    def _database_error(self, exc: BaseException) -> None:
+        self.stats.database_errors += 1
+        logger.error(
+            "inbox_consume %s: database error (%s: %s); reconnecting",
+            self.consumer,
+            type(exc).__name__,
+            str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        )
+        connection = connections[inbox_settings.database]
+        try:
+            connection.close()
+        except Exception:  # the connection is gone already
+            connection.connection = None
+
+
+def _release(connection: Connection) -> None:
+    try:
+        connection.release()
+    except (OSError, *connection.connection_errors):
+        pass

@@ -1,0 +1,193 @@
+"""inbox_consume against the real RabbitMQ and Redis, with duplicates and killed processes.
+
+Every test ends by counting committed effects: lost = 0, doubled = 0.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from django_inbox.models import InboxMessage
+from tests import brokers
+from tests.effects import effect_counts, lost_and_doubled
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+Manage = Callable[..., subprocess.Popen[str]]
+Status = InboxMessage.Status
+
+
+@pytest.fixture(params=["rabbitmq", "redis"])
+def broker(request: pytest.FixtureRequest) -> str:
+    return brokers.BROKERS[request.param]
+
+
+@pytest.fixture
+def queue(broker: str) -> Iterator[str]:
+    name = brokers.new_queue_name()
+    yield name
+    brokers.delete_queue(broker, name)
+
+
+def consume(
+    manage: Manage, broker: str, queue: str, *args: str, **env: str
+) -> subprocess.Popen[str]:
+    environment = {
+        "INBOX_BROKER_TRANSPORT_OPTIONS": json.dumps(brokers.options_for(broker)),
+        **env,
+    }
+    return manage(
+        "inbox_consume", "--consumer", "stream", "--queue", queue, "--broker", broker,
+        *args, env=environment,
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 300) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return out.strip()
+
+
+def drain_leftovers(manage: Manage) -> str:
+    """Retries and rows abandoned by killed consumers: what inbox_process is for."""
+    return finish(manage("inbox_process", "--consumer", "stream", "--until-idle", "3"))
+
+
+def test_duplicates_at_the_broker_apply_each_effect_once(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    messages, expected = brokers.stream(brokers.STREAM_N)
+    brokers.publish(broker, queue, messages)
+
+    consumers = [consume(manage, broker, queue, "--until-idle", "3") for _ in range(2)]
+    outputs = [finish(proc) for proc in consumers]
+
+    lost, doubled = lost_and_doubled(expected, "stream")
+    print(
+        f"{len(messages)} published, {len(expected)} unique: {outputs} lost={lost} doubled={doubled}"
+    )
+    assert (lost, doubled) == (0, 0)
+    assert InboxMessage.objects.filter(consumer="stream", status=Status.COMPLETED).count() == len(
+        expected
+    )
+
+
+def test_chaos_random_sigkills_lose_and_double_nothing(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    messages, expected = brokers.stream(brokers.STREAM_N, seed=2, sleep=0.02)
+    brokers.publish(broker, queue, messages)
+    rng = random.Random(5)
+
+    def start() -> subprocess.Popen[str]:
+        return consume(manage, broker, queue, "--until-idle", "8")
+
+    running = [start(), start()]
+    kills = 0
+    deadline = time.monotonic() + 600
+    while any(proc.poll() is None for proc in running) and time.monotonic() < deadline:
+        time.sleep(rng.uniform(1, 3))
+        alive = [proc for proc in running if proc.poll() is None]
+        if kills < 10 and alive:
+            victim = rng.choice(alive)
+            victim.kill()
+            victim.wait()
+            kills += 1
+            running[running.index(victim)] = start()
+    for proc in running:
+        proc.communicate(timeout=120)
+    drain_leftovers(manage)
+
+    lost, doubled = lost_and_doubled(expected, "stream")
+    in_progress = InboxMessage.objects.filter(status=Status.IN_PROGRESS).count()
+    print(f"chaos: kills={kills} lost={lost} doubled={doubled} in_progress={in_progress}")
+    assert kills >= 10
+    assert (lost, doubled, in_progress) == (0, 0, 0)
+
+
+def test_kill_after_commit_before_ack_redelivers_as_duplicate(
+    manage: Manage, broker: str, queue: str, tmp_path: Path
+) -> None:
+    kill_file = tmp_path / "kill-after-commit"
+    kill_file.touch()
+    brokers.publish(
+        broker,
+        queue,
+        [{"id": "m-1", "type": "effect.write", "body": {"kill_after_commit_file": str(kill_file)}}],
+    )
+
+    first = consume(manage, broker, queue, "--until-idle", "3")
+    first.communicate(timeout=60)
+    assert first.returncode == -signal.SIGKILL
+    assert InboxMessage.objects.get().status == Status.COMPLETED  # committed, never acked
+
+    second = finish(consume(manage, broker, queue, "--until-idle", "8"))
+
+    assert "duplicate 1" in second, second
+    assert effect_counts("stream") == {"m-1": 1}  # the handler did not run again
+
+
+def test_killed_database_connections_are_survived(manage: Manage, broker: str, queue: str) -> None:
+    from django.db import connection
+
+    messages, expected = brokers.stream(1000, seed=3, sleep=0.005)
+    brokers.publish(broker, queue, messages)
+    proc = consume(
+        manage, broker, queue, "--until-idle", "5",
+        DATABASE_URL=_with_application_name(connection, "inbox-consume-victim"),
+    )  # fmt: skip
+
+    terminated = 0
+    while proc.poll() is None and terminated < 50:
+        time.sleep(0.3)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                ["inbox-consume-victim"],
+            )
+            terminated += sum(1 for (ok,) in cursor.fetchall() if ok)
+    out = finish(proc)
+
+    lost, doubled = lost_and_doubled(expected, "stream")
+    print(f"database connections killed: {terminated}; {out}; lost={lost} doubled={doubled}")
+    assert terminated >= 5
+    assert (lost, doubled) == (0, 0)
+
+
+def _with_application_name(connection, name: str) -> str:  # type: ignore[no-untyped-def]
+    settings = connection.settings_dict
+    return (
+        f"postgres://{settings.get('USER') or 'postgres'}@{settings.get('HOST') or '127.0.0.1'}:"
+        f"{settings.get('PORT') or 5432}/{settings['NAME']}?application_name={name}"
+    )
+
+
+def test_sigterm_acks_nothing_uncommitted_and_resumes(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    messages, expected = brokers.stream(600, seed=4, sleep=0.01)
+    brokers.publish(broker, queue, messages)
+    proc = consume(manage, broker, queue)
+    deadline = time.monotonic() + 60
+    while InboxMessage.objects.filter(consumer="stream").count() < 50:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+
+    proc.send_signal(signal.SIGTERM)
+    stopped_at = time.monotonic()
+    out = finish(proc, timeout=30)
+    print(f"stopped in {time.monotonic() - stopped_at:.2f}s: {out}")
+    done = InboxMessage.objects.filter(consumer="stream").count()
+    assert 0 < done < len(expected)
+
+    finish(consume(manage, broker, queue, "--until-idle", "4"))
+    lost, doubled = lost_and_doubled(expected, "stream")
+    assert (lost, doubled) == (0, 0)
