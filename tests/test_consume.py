@@ -191,3 +191,87 @@ def test_sigterm_acks_nothing_uncommitted_and_resumes(
     finish(consume(manage, broker, queue, "--until-idle", "4"))
     lost, doubled = lost_and_doubled(expected, "stream")
     assert (lost, doubled) == (0, 0)
+
+
+def test_poison_and_malformed_messages_end_in_their_documented_states(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    dead_letters = f"{queue}.dead"
+    queue_args = {}
+    if broker.startswith("amqp"):
+        queue_args = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead_letters}
+        brokers.publish(broker, dead_letters, [])
+    bad = [
+        {"id": "poison", "type": "effect.write", "body": {"fail_always": True}},
+        {"id": "bad-bytes", "type": "effect.write", "body": b"\xff\xfe\x00 not text"},
+        {"id": "bad-json", "type": "effect.write", "body": b'{"sku": '},
+        {
+            "id": "bad-type",
+            "type": "effect.write",
+            "body": "<order/>",
+            "content_type": "application/xml",
+        },
+        {"id": "too-big", "type": "effect.write", "body": {"blob": "x" * 5000}},
+        {"id": None, "type": "effect.write", "body": {"no": "id"}},
+    ]
+    healthy, expected = brokers.stream(200, seed=6)
+    brokers.publish(broker, queue, bad + healthy, **queue_args)
+
+    out = finish(
+        consume(
+            manage, broker, queue, "--until-idle", "8", "--no-declare",
+            INBOX_MAX_PAYLOAD_BYTES="4096",
+        )
+    )  # fmt: skip
+    print(out)
+
+    rows = {
+        m.message_id: m for m in InboxMessage.objects.filter(message_id__in=[b["id"] for b in bad])
+    }
+    assert rows["bad-bytes"].status == Status.DEAD
+    assert "not valid utf-8" in rows["bad-bytes"].last_error
+    assert rows["bad-bytes"].payload["raw_encoding"] == "base64"
+    assert rows["bad-json"].status == Status.DEAD
+    assert "not valid JSON" in rows["bad-json"].last_error
+    assert rows["bad-json"].payload["raw"] == '{"sku": '
+    assert rows["bad-type"].status == Status.DEAD
+    assert "unsupported content type 'application/xml'" in rows["bad-type"].last_error
+    assert rows["bad-type"].payload["raw"] == "<order/>"
+    assert rows["too-big"].status == Status.DEAD
+    assert rows["too-big"].last_error.startswith("PayloadTooLarge")
+    poison = rows["poison"]
+    assert (poison.status, poison.attempts) == (Status.DEAD, 8)
+    assert len(poison.errors) == 8
+    assert "refused 1" in out  # the message without an id, refused at the broker
+    if queue_args:
+        assert brokers.queue_depth(broker, dead_letters) == 1
+        brokers.delete_queue(broker, dead_letters)
+
+    lost, doubled = lost_and_doubled(expected, "stream")
+    assert (lost, doubled) == (0, 0)
+    good = InboxMessage.objects.filter(message_id__in=expected)
+    assert set(good.values_list("attempts", flat=True)) == {1}
+    # The healthy messages behind the poison did not wait for its retries.
+    last_healthy = max(good.values_list("processed_at", flat=True))
+    assert last_healthy < poison.updated_at
+
+
+@pytest.mark.parametrize("broker", [brokers.RABBITMQ], ids=["rabbitmq"])
+def test_broker_restart_resumes_without_loss(manage: Manage, broker: str, queue: str) -> None:
+    messages, expected = brokers.stream(1500, seed=7, sleep=0.005)
+    brokers.publish(broker, queue, messages)
+    proc = consume(manage, broker, queue, "--until-idle", "10")
+    deadline = time.monotonic() + 60
+    while InboxMessage.objects.filter(consumer="stream").count() < 100:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+
+    subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=120)
+    time.sleep(2)
+    subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
+    out = finish(proc)
+
+    lost, doubled = lost_and_doubled(expected, "stream")
+    print(f"broker restarted: {out} lost={lost} doubled={doubled}")
+    assert "reconnects 0" not in out
+    assert (lost, doubled) == (0, 0)

@@ -19,6 +19,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
+from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from ..conf import inbox_settings
 from ..delivery import deliver, store, store_dead
@@ -135,7 +136,11 @@ class BrokerConsumer:
             connection = Connection(self.broker_url, transport_options=self.transport_options)
             try:
                 self._consume(connection, backoff)
-            except (*connection.connection_errors, *connection.channel_errors) as exc:
+            except (
+                BrokerUnavailable,
+                *connection.connection_errors,
+                *connection.channel_errors,
+            ) as exc:
                 self.stats.reconnects += 1
                 delay = backoff.next()
                 logger.warning(
