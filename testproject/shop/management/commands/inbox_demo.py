@@ -9,20 +9,25 @@ Each message goes to two consumers, the way a fan-out exchange delivers to two q
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count, Sum
+from kombu import Connection, Queue
 
-from django_inbox import deliver, store
+from django_inbox.consumer.loop import AckMode, BrokerConsumer, ConsumeStats
 from django_inbox.models import InboxMessage
 from django_inbox.worker import Worker
 from shop.models import Payment, Stock
 
 SKUS = ["MUG-01", "TEE-02", "CAP-03", "PEN-04", "BAG-05"]
+QUEUES = {"inventory": "demo.inventory", "payments": "demo.payments"}
 START_QTY = 100_000
 
 
@@ -66,64 +71,74 @@ def build_stream(
 
 
 class Command(BaseCommand):
-    help = "Run the demo: a stream of orders with duplicates, flaky payments and poison messages."
+    help = (
+        "Run the demo: publish a stream of orders with duplicates, flaky payments and poison "
+        "messages to the broker (INBOX_BROKER_URL; the embedded filesystem broker by "
+        "default), consume it with inbox_consume until idle, and print what happened."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--messages", type=int, default=1000)
         parser.add_argument("--seed", type=int, default=7)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["verbosity"] < 2:
+            logging.getLogger("django_inbox").setLevel(logging.CRITICAL)
         rng = random.Random(options["seed"])
         InboxMessage.objects.all().delete()
         Payment.objects.all().delete()
         Stock.objects.all().delete()
         Stock.objects.bulk_create(Stock(sku=sku, qty=START_QTY) for sku in SKUS)
+        broker, options_ = _broker()
 
         deliveries, orders = build_stream(options["messages"], rng)
+        published = _publish(broker, options_, deliveries)
         self.stdout.write(
-            f"Feeding {len(deliveries)} broker messages ({len(orders)} unique orders, "
-            f"{len(deliveries) - len(orders)} duplicates) to consumers 'inventory' (deliver) "
-            "and 'payments' (store, then a worker)..."
+            f"Published {published} messages to each of the queues "
+            f"{' and '.join(QUEUES.values())} at {broker} "
+            f"({len(orders)} unique orders, {len(deliveries) - len(orders)} redelivered "
+            "copies, 1 message without an id, 1 undecodable body)."
         )
-        if options["verbosity"] < 2:
-            logging.getLogger("django_inbox").setLevel(logging.CRITICAL)
-        inline: Counter[str] = Counter()
-        stored: Counter[str] = Counter()
-        seen: set[str] = set()
-        for message in deliveries:
-            fields = {
-                "message_id": message["id"],
-                "event_type": message["type"],
-                "payload": message["payload"],
-                "source": "orders-exchange",
-                "key": message["payload"].get("order_id", ""),
-            }
-            outcome = deliver(consumer="inventory", **fields)
-            inline["duplicate" if message["id"] in seen else outcome.value] += 1
-            stored["new" if store(consumer="payments", **fields) else "duplicate"] += 1
-            seen.add(message["id"])
-
-        self.stdout.write("Processing stored messages and retries until the inbox is idle...")
+        consumed = {}
+        for consumer, ack in (
+            ("inventory", AckMode.AFTER_PROCESS),
+            ("payments", AckMode.AFTER_STORE),
+        ):
+            self.stdout.write(
+                f"$ manage.py inbox_consume --consumer {consumer} --queue {QUEUES[consumer]} "
+                f"--ack {ack} --until-idle 1"
+            )
+            consumed[consumer] = BrokerConsumer(
+                consumer=consumer,
+                queue=QUEUES[consumer],
+                broker_url=broker,
+                transport_options=options_,
+                ack_mode=ack,
+                until_idle=1.0,
+            ).run()
+        self.stdout.write("$ manage.py inbox_process --until-idle 1    # stored payments, retries")
         stats = Worker(["inventory", "payments"], until_idle=1.0, poll_interval=0.05).run()
-        self._report(deliveries, orders, inline, stored, stats.outcomes)
+        self._report(published, orders, consumed, stats.outcomes)
 
     def _report(
         self,
-        deliveries: list[dict[str, Any]],
+        published: int,
         orders: list[dict[str, Any]],
-        inline: Counter[str],
-        stored: Counter[str],
+        consumed: dict[str, ConsumeStats],
         worker: Counter[str],
     ) -> None:
         rows = InboxMessage.objects
+        inventory, payments = consumed["inventory"], consumed["payments"]
+        stored = {name: rows.filter(consumer=name).count() for name in consumed}
         table = [
-            ("broker messages delivered", len(deliveries), len(deliveries)),
+            ("broker messages consumed", inventory.received, payments.received),
+            ("refused at the broker (no message id)", inventory.refused, payments.refused),
             (
                 "redeliveries recognised (not run again)",
-                inline["duplicate"],
-                stored["duplicate"],
+                inventory.acked - stored["inventory"],
+                payments.acked - stored["payments"],
             ),
-            ("unique messages stored", rows.filter(consumer="inventory").count(), stored["new"]),
+            ("unique messages stored", stored["inventory"], stored["payments"]),
             *(
                 (
                     label,
@@ -187,3 +202,50 @@ class Command(BaseCommand):
             "Every duplicate was skipped by the database's unique (consumer, message_id) key, "
             "in the same transaction as the effect."
         )
+
+
+def _broker() -> tuple[str, dict[str, Any]]:
+    """The broker and its options; the embedded filesystem broker's folders made empty."""
+    url = settings.INBOX_BROKER_URL
+    options = dict(settings.INBOX_BROKER_TRANSPORT_OPTIONS)
+    if url.startswith("filesystem"):
+        for key in ("data_folder_in", "data_folder_out", "control_folder"):
+            folder = Path(options[key])
+            folder.mkdir(parents=True, exist_ok=True)
+            for leftover in folder.iterdir():
+                leftover.unlink()
+    return url, options
+
+
+def _publish(url: str, options: dict[str, Any], deliveries: list[dict[str, Any]]) -> int:
+    """Publish the stream to both queues, as a fan-out exchange would; return the count."""
+    broken = [
+        (b'{"order_id": "ord-x", "sku": "MUG-01"}', {}),  # a producer forgot the id
+        (b"\xff\xfe\x00garbled", {"message_id": "garbled-1", "type": "order.placed"}),
+    ]
+    with Connection(url, transport_options=options) as connection:
+        producer = connection.Producer()
+        queues = [Queue(name, routing_key=name, durable=True) for name in QUEUES.values()]
+        for queue in queues:
+            queue(connection.default_channel).declare()
+            queue(connection.default_channel).purge()
+        for queue in queues:
+            for message in deliveries:
+                producer.publish(
+                    json.dumps(message["payload"]),
+                    routing_key=queue.name,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    message_id=message["id"],
+                    type=message["type"],
+                    app_id="orders",
+                )
+            for body, properties in broken:
+                producer.publish(
+                    body,
+                    routing_key=queue.name,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    **properties,
+                )
+    return len(deliveries) + len(broken)
