@@ -26,7 +26,7 @@ from .processing import (
 )
 from .registry import Handler, registry
 from .retry import RetryPolicy
-from .storage import NewRow, insert_row
+from .storage import NewRow, insert_completed_rows, insert_row
 from .validation import CONSUMER_MAX, clean_message_id, clean_text, encode_json
 
 logger = logging.getLogger("django_inbox")
@@ -64,6 +64,71 @@ def _prepare(
         key=clean_text("key", key, required=False),
         payload=encode_json("payload", payload, max_bytes=max_bytes),
         headers=encode_json("headers", dict(headers or {}), max_bytes=max_bytes),
+    )
+
+
+def prepare(
+    *,
+    consumer: str,
+    message_id: str,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None = None,
+    source: str | None = "",
+    key: str | None = "",
+) -> NewRow:
+    """Validate a message for :func:`deliver_batch`; raise :class:`InvalidMessage` if bad."""
+    return _prepare(consumer, message_id, event_type, payload, headers, source, key)
+
+
+def deliver_batch(rows: list[NewRow]) -> list[Outcome]:
+    """Deliver several prepared messages in one transaction; one :class:`Outcome` each.
+
+    The new messages' rows go in with one statement, every handler runs in the same
+    transaction, and one commit covers them all. If any handler raises, the transaction rolls
+    back and each message is delivered again on its own (its handler then runs twice, as with
+    ``commit_every``), so a failure is recorded against the message that caused it.
+    """
+    using = inbox_settings.database
+    handlers = [registry.get(row.consumer, row.event_type) for row in rows]
+    if len(rows) < 2 or None in handlers:
+        return [_deliver_row(row, using) for row in rows]
+    now = timezone.now()
+    for row in rows:
+        row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
+    ran: set[tuple[str, str]] = set()
+    try:
+        with transaction.atomic(using=using):
+            new = insert_completed_rows(rows, now, using)
+            for row, handler in zip(rows, handlers, strict=True):
+                key = (row.consumer, row.message_id)
+                if key in new and key not in ran:
+                    ran.add(key)
+                    run_handler(handler, _materialise(row, new[key]), using)  # type: ignore[arg-type]
+    except Exception:
+        logger.info("inbox batch of %d rolled back; delivering one by one", len(rows))
+        return [_deliver_row(_fresh(row), using) for row in rows]
+    outcomes: list[Outcome] = []
+    for row in rows:
+        key = (row.consumer, row.message_id)
+        if key in ran:
+            ran.discard(key)
+            outcomes.append(Outcome.PROCESSED)
+        else:  # a duplicate: of a row committed earlier, or of one earlier in this batch
+            outcomes.append(_deliver_existing(_fresh(row), using))
+    return outcomes
+
+
+def _fresh(row: NewRow) -> NewRow:
+    """The message as it arrived, without any state a delivery attempt put on it."""
+    return NewRow(
+        consumer=row.consumer,
+        message_id=row.message_id,
+        event_type=row.event_type,
+        payload=row.payload,
+        headers=row.headers,
+        source=row.source,
+        key=row.key,
     )
 
 
@@ -261,16 +326,7 @@ def _deliver_existing(row: NewRow, using: str, *, again: bool = True) -> Outcome
         # Purged between our insert and our look: it is new again (once; then report it busy).
         if not again:
             return Outcome.IN_PROGRESS
-        fresh = NewRow(
-            consumer=row.consumer,
-            message_id=row.message_id,
-            event_type=row.event_type,
-            payload=row.payload,
-            headers=row.headers,
-            source=row.source,
-            key=row.key,
-        )
-        return _deliver_row(fresh, using, again=False)
+        return _deliver_row(_fresh(row), using, again=False)
     return _STATUS_OUTCOMES[Status(status)]
 
 

@@ -142,6 +142,57 @@ def insert_row(row: NewRow, now: datetime, using: str) -> int | None:
     return None if found is None else int(found[0])
 
 
+def insert_completed_rows(
+    rows: list[NewRow], now: datetime, using: str
+) -> dict[tuple[str, str], int]:
+    """Insert messages as ``completed`` (attempt 1) in one statement; return the new ids.
+
+    The returned mapping is keyed by ``(consumer, message_id)`` and holds only the rows that
+    were new. Rows go in ``message_id`` order, so two transactions inserting overlapping
+    batches take the unique index's locks in the same order and cannot deadlock on them.
+    """
+    connection = connections[using]
+    vendor = connection.vendor
+    if vendor not in ("postgresql", "sqlite"):
+        found = {}
+        for row in rows:
+            pk = insert_row(row, now, using)
+            if pk is not None:
+                found[(row.consumer, row.message_id)] = pk
+        return found
+    unique = {(row.consumer, row.message_id): row for row in rows}
+    ordered = [unique[key] for key in sorted(unique)]
+    quote = connection.ops.quote_name
+    json_param = "%s::jsonb" if vendor == "postgresql" else "%s"
+    constant = {
+        "status": _literal("status", InboxMessage.Status.COMPLETED, vendor),
+        "attempts": "1",
+        "last_error": "''",
+        "history": _literal("history", "[]", vendor),
+        "next_attempt_at": "NULL",
+        "locked_until": "NULL",
+        "lease_id": "''",
+    }
+    shape = ", ".join(
+        constant.get(column) or (json_param if column in _JSON_COLUMNS else "%s")
+        for column in _COLUMNS
+    )
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    params: list[Any] = []
+    for row in ordered:
+        params += [row.consumer, row.message_id, row.source, row.event_type, row.key]
+        params += [row.payload, row.headers, stamp, stamp, stamp]
+    sql = (
+        f"INSERT INTO {_table(using)} ({', '.join(quote(c) for c in _COLUMNS)}) VALUES "
+        + ", ".join(f"({shape})" for _ in ordered)
+        + f" ON CONFLICT ({quote('consumer')}, {quote('message_id')}) DO NOTHING "
+        f"RETURNING {quote('consumer')}, {quote('message_id')}, {quote('id')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {(consumer, message_id): int(pk) for consumer, message_id, pk in cursor.fetchall()}
+
+
 def _insert_with_savepoint(values: dict[str, Any], using: str) -> int | None:
     fields = dict(values)
     for name in _JSON_COLUMNS:

@@ -274,3 +274,55 @@ def test_broker_restart_resumes_without_loss(manage: Manage, broker: str, queue:
     print(f"broker restarted: {out} lost={lost} doubled={doubled}")
     assert "reconnects 0" not in out
     assert (lost, doubled) == (0, 0)
+
+
+def test_batched_commits_with_failures_and_duplicates_apply_each_effect_once(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    messages, expected = brokers.stream(brokers.STREAM_N, seed=8)
+    for message in messages[::37]:
+        message["body"] = dict(message["body"], fail_times=1)  # fails inside a batch, once
+    brokers.publish(broker, queue, messages)
+
+    consumers = [
+        consume(manage, broker, queue, "--commit-every", "50", "--until-idle", "4")
+        for _ in range(2)
+    ]
+    outputs = [finish(proc) for proc in consumers]
+
+    lost, doubled = lost_and_doubled(expected, "stream")
+    print(f"batched: {outputs} lost={lost} doubled={doubled}")
+    assert (lost, doubled) == (0, 0)
+    statuses = set(InboxMessage.objects.filter(consumer="stream").values_list("status", flat=True))
+    assert statuses == {Status.COMPLETED}
+
+
+@pytest.mark.parametrize("broker", [brokers.RABBITMQ], ids=["rabbitmq"])
+def test_chaos_with_batched_commits(manage: Manage, broker: str, queue: str) -> None:
+    messages, expected = brokers.stream(brokers.STREAM_N, seed=9, sleep=0.01)
+    brokers.publish(broker, queue, messages)
+    rng = random.Random(11)
+
+    def start() -> subprocess.Popen[str]:
+        return consume(manage, broker, queue, "--commit-every", "20", "--until-idle", "8")
+
+    running = [start(), start()]
+    kills = 0
+    while any(proc.poll() is None for proc in running):
+        time.sleep(rng.uniform(1, 3))
+        alive = [proc for proc in running if proc.poll() is None]
+        if kills < 10 and alive:
+            victim = rng.choice(alive)
+            victim.kill()
+            victim.wait()
+            kills += 1
+            running[running.index(victim)] = start()
+    for proc in running:
+        proc.communicate(timeout=120)
+    drain_leftovers(manage)
+
+    lost, doubled = lost_and_doubled(expected, "stream")
+    in_progress = InboxMessage.objects.filter(status=Status.IN_PROGRESS).count()
+    print(f"batched chaos: kills={kills} lost={lost} doubled={doubled} in_progress={in_progress}")
+    assert kills >= 10
+    assert (lost, doubled, in_progress) == (0, 0, 0)

@@ -22,9 +22,10 @@ from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from ..conf import inbox_settings
-from ..delivery import deliver, store, store_dead
+from ..delivery import deliver, deliver_batch, prepare, store, store_dead
 from ..exceptions import InvalidMessage, InvalidMessageId
 from ..shutdown import Shutdown
+from ..storage import NewRow
 from ..worker import Worker
 from .envelope import Envelope, parse
 
@@ -81,6 +82,9 @@ class BrokerConsumer:
         ack_mode: ``after-process`` (default) or ``after-store``.
         process_due: also run the consumer's due retries and abandoned rows between
             messages (default: on in ``after-process`` mode, off in ``after-store`` mode).
+        commit_every: in ``after-process`` mode, deliver up to this many messages that are
+            already waiting in one transaction (:func:`~django_inbox.delivery.deliver_batch`)
+            and acknowledge them after its commit (default: the consumer's ``commit_every``).
         max_messages: stop after this many broker messages.
         until_idle: stop once no message arrived for this many seconds.
         shutdown: stop requests (signals).
@@ -102,6 +106,7 @@ class BrokerConsumer:
         prefetch: int = 100,
         ack_mode: AckMode = AckMode.AFTER_PROCESS,
         process_due: bool | None = None,
+        commit_every: int | None = None,
         max_messages: int | None = None,
         until_idle: float | None = None,
         shutdown: Shutdown | None = None,
@@ -120,11 +125,13 @@ class BrokerConsumer:
         self.process_due = (
             self.ack_mode is AckMode.AFTER_PROCESS if process_due is None else process_due
         )
+        self.commit_every = commit_every or inbox_settings.policy(consumer).commit_every
         self.max_messages = max_messages
         self.until_idle = until_idle
         self.shutdown = shutdown or Shutdown()
         self.envelope = envelope
         self.stats = ConsumeStats()
+        self._pending: list[tuple[Any, NewRow]] = []
         self._last_message = time.monotonic()
         self._last_sweep = 0.0
 
@@ -170,10 +177,15 @@ class BrokerConsumer:
             backoff.reset()
             while not self._finished():
                 try:
-                    connection.drain_events(timeout=self.tick)
+                    # While a batch is open, take only what is already here, then commit it.
+                    connection.drain_events(timeout=0 if self._pending else self.tick)
                 except TimeoutError:
-                    connection.heartbeat_check()
+                    if self._pending:
+                        self._flush()
+                    else:
+                        connection.heartbeat_check()
                 self._between_messages()
+            self._flush()
 
     def _queue(self) -> Queue:
         if self.exchange:
@@ -189,8 +201,11 @@ class BrokerConsumer:
     def _finished(self) -> bool:
         if self.shutdown.requested:
             return True
-        if self.max_messages is not None and self.stats.received >= self.max_messages:
+        taken = self.stats.received + len(self._pending)
+        if self.max_messages is not None and taken >= self.max_messages:
             return True
+        if self._pending:
+            return False
         idle = time.monotonic() - self._last_message
         return self.until_idle is not None and idle >= self.until_idle
 
@@ -214,7 +229,11 @@ class BrokerConsumer:
         close_old_connections()
         try:
             envelope = self.envelope(message, raw_limit=inbox_settings.max_payload_bytes // 2)
-            action = self._handle(envelope)
+            action = self._handle(envelope, message)
+            if action == "pending":
+                if len(self._pending) >= self.commit_every:
+                    self._flush()
+                return
         except (DatabaseError, InterfaceError) as exc:
             # Nothing was committed (or a commit's fate is unknown): the broker keeps the
             # message and redelivers it; the inbox answers a committed one as a duplicate.
@@ -239,8 +258,29 @@ class BrokerConsumer:
         self.stats.requeued += 1
         self.shutdown.wait(min(5.0, 0.1 * 2 ** min(self.stats.database_errors, 6)))
 
-    def _handle(self, envelope: Envelope) -> str:
+    def _flush(self) -> None:
+        """Deliver the open batch in one transaction, then acknowledge its messages."""
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        try:
+            outcomes = deliver_batch([row for _, row in batch])
+        except (DatabaseError, InterfaceError) as exc:
+            self._database_error(exc)
+            for message, _ in batch[:-1]:
+                message.requeue()
+            self.stats.requeued += len(batch) - 1
+            self._requeue(batch[-1][0])
+            return
+        for (message, _), outcome in zip(batch, outcomes, strict=True):
+            self.stats.outcomes[outcome.value] += 1
+            message.ack()
+        self.stats.acked += len(batch)
+        self.stats.database_errors = 0
+
+    def _handle(self, envelope: Envelope, message: Any) -> str:
         if not envelope.message_id:
+            self._flush()
             logger.error(
                 "inbox_consume %s: refused a message without an id from queue %s (type %s); "
                 "an id invented here would defeat deduplication",
@@ -257,7 +297,18 @@ class BrokerConsumer:
             "source": envelope.source[:255],
             "key": envelope.key[:255],
         }
+        batchable = (
+            self.commit_every > 1
+            and self.ack_mode is AckMode.AFTER_PROCESS
+            and not envelope.redelivered
+            and not envelope.problem
+            and envelope.event_type
+        )
         try:
+            if batchable:
+                self._pending.append((message, prepare(payload=envelope.payload, **fields)))
+                return "pending"
+            self._flush()  # keep arrival order: what came before is committed first
             if envelope.problem or not envelope.event_type:
                 reason = envelope.problem or "the message has no event type"
                 self._keep_dead(fields, envelope.payload, reason, "Undecodable")
@@ -276,6 +327,7 @@ class BrokerConsumer:
             return "refuse"
         except InvalidMessage as exc:
             # Kept dead without what could not be stored; the reason says what it was.
+            self._flush()
             try:
                 self._keep_dead(fields, {"refused": str(exc)}, str(exc), type(exc).__name__)
             except InvalidMessage:

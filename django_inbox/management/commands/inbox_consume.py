@@ -69,6 +69,18 @@ class Command(ProcessCommand):
             ),
         )
         parser.add_argument(
+            "--commit-every",
+            type=int,
+            default=None,
+            metavar="N",
+            help=(
+                "With --ack after-process, deliver up to N waiting messages in one transaction "
+                "and ack them after its commit (default: the consumer's commit_every, "
+                "INBOX_COMMIT_EVERY = 1). On a handler failure the batch is rerun one message "
+                "per transaction."
+            ),
+        )
+        parser.add_argument(
             "--max-messages", type=int, default=None, help="Exit after this many messages."
         )
         parser.add_argument(
@@ -92,7 +104,7 @@ class Command(ProcessCommand):
             raise CommandError(
                 "No broker: pass --broker URL or set INBOX_BROKER_URL.", returncode=2
             )
-        for name in ("prefetch", "max_messages"):
+        for name in ("prefetch", "max_messages", "commit_every"):
             if options[name] is not None and options[name] < 1:
                 raise CommandError(f"--{name.replace('_', '-')} must be at least 1.", returncode=2)
         worker = BrokerConsumer(
@@ -107,6 +119,7 @@ class Command(ProcessCommand):
             prefetch=options["prefetch"] or inbox_settings.prefetch,
             ack_mode=AckMode(options["ack"]),
             process_due=options["process_due"],
+            commit_every=options["commit_every"],
             max_messages=options["max_messages"],
             until_idle=options["until_idle"],
         )
