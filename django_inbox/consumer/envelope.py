@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
@@ -88,11 +89,11 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
         ce_attributes = {k: v for k, v in cloudevent.items() if k not in ("data", "data_base64")}
         headers["cloudevent"] = ce_attributes
 
-    ce_id = _first(headers, "ce-id", "ce_id") or ce_attributes.get("id")
-    ce_source = _first(headers, "ce-source", "ce_source") or ce_attributes.get("source")
+    ce_id = _first(headers, "ce-id", "ce_id") or _text(ce_attributes.get("id"))
+    ce_source = _first(headers, "ce-source", "ce_source") or _text(ce_attributes.get("source"))
     message_id = _text(properties.get("message_id")) or _first(headers, "message_id")
     if not message_id and ce_id:
-        message_id = f"{ce_source}#{ce_id}" if ce_source else _text(ce_id)
+        message_id = f"{ce_source}#{ce_id}" if ce_source else ce_id
     if not message_id and isinstance(body, dict) and cloudevent is None:
         message_id = _text(body.get("id"))
 
@@ -136,7 +137,7 @@ def _decode(raw: bytes, content_type: str, encoding: str | None) -> tuple[Any, s
     except (UnicodeDecodeError, LookupError) as exc:
         return None, f"body is not valid {charset} text: {exc}"
     try:
-        return json.loads(text, parse_constant=_refuse_constant), None
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite), None
     except ValueError as exc:
         return None, f"body is not valid JSON: {exc}"
     except RecursionError:
@@ -145,6 +146,13 @@ def _decode(raw: bytes, content_type: str, encoding: str | None) -> tuple[Any, s
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range for a number")
+    return value
 
 
 def _structured_cloudevent(body: Any, content_type: str) -> dict[str, Any] | None:
@@ -158,10 +166,14 @@ def _structured_cloudevent(body: Any, content_type: str) -> dict[str, Any] | Non
 def _raw_payload(raw: bytes, content_type: str, limit: int) -> dict[str, Any]:
     """The undecodable body, kept for an operator: text if it is text, else base64."""
     head = raw[: max(limit, 0)]
-    try:
-        text: str | None = head.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
+    text: str | None = None
+    for trim in range(4):  # a cut inside a multi-byte character: drop its first bytes
+        try:
+            text = head[: len(head) - trim].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        head = head[: len(head) - trim]
+        break
     kept: dict[str, Any]
     if text is not None and "\x00" not in text and text.encode("utf-8") == head:
         kept = {"raw": text, "raw_encoding": "utf-8"}
@@ -216,6 +228,6 @@ def _json_safe(value: Any) -> Any:
         return str(value)
     if isinstance(value, bytes):
         return _text(value)
-    if isinstance(value, float) and value != value:
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
