@@ -6,6 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, POLICY_KEYS, UNHANDLED_CHOICES
 from .durations import to_seconds
@@ -136,7 +137,31 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         to_seconds(_setting("INBOX_POLL_INTERVAL"))
     except ValueError as exc:
         errors.append(Error(f"INBOX_POLL_INTERVAL: {exc}.", id="django_inbox.E010"))
-    for name in ("INBOX_MAX_PAYLOAD_BYTES", "INBOX_BATCH_SIZE"):
+    broker_url = _setting("INBOX_BROKER_URL")
+    if broker_url is not None and (not isinstance(broker_url, str) or "://" not in broker_url):
+        errors.append(
+            Error(
+                f"INBOX_BROKER_URL must be a kombu URL such as 'amqp://…' or None, "
+                f"got {broker_url!r}.",
+                id="django_inbox.E012",
+            )
+        )
+    if not isinstance(_setting("INBOX_BROKER_TRANSPORT_OPTIONS"), dict):
+        errors.append(
+            Error("INBOX_BROKER_TRANSPORT_OPTIONS must be a dict.", id="django_inbox.E012")
+        )
+    envelope = _setting("INBOX_ENVELOPE")
+    try:
+        if not callable(import_string(envelope)):
+            raise ImportError(f"{envelope!r} is not callable")
+    except ImportError as exc:
+        errors.append(
+            Error(
+                f"INBOX_ENVELOPE {envelope!r} cannot be imported as a callable: {exc}.",
+                id="django_inbox.E013",
+            )
+        )
+    for name in ("INBOX_MAX_PAYLOAD_BYTES", "INBOX_BATCH_SIZE", "INBOX_PREFETCH"):
         value = _setting(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.append(

@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_BROKER_URL": None,
     "INBOX_BROKER_TRANSPORT_OPTIONS": {},
     "INBOX_PREFETCH": 100,
+    "INBOX_ENVELOPE": "django_inbox.consumer.envelope.parse",
     "INBOX_POLL_INTERVAL": 1.0,
 }
 
@@ -127,6 +128,10 @@ class InboxSettings:
     @property
     def broker_transport_options(self) -> dict[str, Any]:
         return dict(self._get("INBOX_BROKER_TRANSPORT_OPTIONS") or {})
+
+    @property
+    def envelope(self) -> str:
+        return str(self._get("INBOX_ENVELOPE"))
 
     @property
     def prefetch(self) -> int:

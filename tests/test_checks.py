@@ -308,3 +308,21 @@ def test_w001_consumer_without_handlers() -> None:
 def test_w001_not_raised_for_consumers_with_handlers() -> None:
     with override_settings(INBOX_CONSUMERS={"inventory": {}, "audit": {"max_attempts": 2}}):
         assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"INBOX_BROKER_URL": "localhost:5672"},
+        {"INBOX_BROKER_URL": 5672},
+        {"INBOX_BROKER_TRANSPORT_OPTIONS": [("visibility_timeout", 5)]},
+    ],
+)
+def test_e012_broker_settings(overrides: dict[str, object]) -> None:
+    with override_settings(**overrides):
+        assert_check_fails("django_inbox.E012")
+
+
+def test_e007_prefetch_must_be_positive() -> None:
+    with override_settings(INBOX_PREFETCH=0):
+        assert_check_fails("django_inbox.E007")

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.test import override_settings
 from effects.models import Effect
 from kombu import Connection, Queue
 
@@ -136,3 +137,20 @@ def test_an_overflowing_number_is_kept_dead_with_the_raw_body(queue: str) -> Non
 
     row = InboxMessage.objects.get(consumer="effects", message_id="m-big")
     assert (row.status, row.payload.get("raw")) == (Status.DEAD, body.decode())
+
+
+def test_a_custom_envelope_reads_ids_from_where_the_producer_put_them(queue: str) -> None:
+    publish(queue, {"n": 1}, headers={"X-Event-Id": "legacy-1", "X-Event-Name": "effect.write"})
+
+    with override_settings(INBOX_ENVELOPE="effects.envelopes.from_legacy_headers"):
+        stats = consume(queue)
+
+    assert stats.outcomes == {"processed": 1}
+    assert InboxMessage.objects.get().message_id == "legacy-1"
+
+
+def test_an_envelope_setting_that_does_not_import_is_a_check_error() -> None:
+    from django.core.checks import run_checks
+
+    with override_settings(INBOX_ENVELOPE="effects.envelopes.missing"):
+        assert "django_inbox.E013" in {message.id for message in run_checks()}

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
+from django.utils.module_loading import import_string
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError as BrokerUnavailable
@@ -27,7 +28,7 @@ from ..exceptions import InvalidMessage, InvalidMessageId
 from ..shutdown import Shutdown
 from ..storage import NewRow
 from ..worker import Worker
-from .envelope import Envelope, parse
+from .envelope import Envelope
 
 logger = logging.getLogger("django_inbox")
 
@@ -88,6 +89,8 @@ class BrokerConsumer:
         max_messages: stop after this many broker messages.
         until_idle: stop once no message arrived for this many seconds.
         shutdown: stop requests (signals).
+        envelope: reads a kombu message into an :class:`Envelope` (``INBOX_ENVELOPE``;
+            :func:`~django_inbox.consumer.envelope.parse` by default).
     """
 
     tick = 0.5  # seconds drain_events waits before the loop looks around
@@ -110,7 +113,7 @@ class BrokerConsumer:
         max_messages: int | None = None,
         until_idle: float | None = None,
         shutdown: Shutdown | None = None,
-        envelope: Callable[..., Envelope] = parse,
+        envelope: Callable[..., Envelope] | None = None,
     ) -> None:
         self.consumer = consumer
         self.queue_name = queue
@@ -129,7 +132,7 @@ class BrokerConsumer:
         self.max_messages = max_messages
         self.until_idle = until_idle
         self.shutdown = shutdown or Shutdown()
-        self.envelope = envelope
+        self.envelope = envelope or import_string(inbox_settings.envelope)
         self.stats = ConsumeStats()
         self._pending: list[tuple[Any, NewRow]] = []
         self._last_message = time.monotonic()
