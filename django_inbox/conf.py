@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 from .durations import to_seconds
 
@@ -63,10 +64,25 @@ class Policy:
 
 
 class InboxSettings:
-    """Typed view of the ``INBOX_*`` settings, resolved on every attribute access."""
+    """Typed view of the ``INBOX_*`` settings, resolved when first read.
+
+    Values are looked up in :mod:`django.conf.settings` on first use (never at import) and
+    remembered; ``override_settings`` and other ``setting_changed`` senders clear the memory.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
 
     def _get(self, name: str) -> Any:
-        return getattr(settings, name, DEFAULTS[name])
+        try:
+            return self._cache[name]
+        except KeyError:
+            value = self._cache[name] = getattr(settings, name, DEFAULTS[name])
+            return value
+
+    def reload(self) -> None:
+        """Forget what was read, so the next access sees the settings as they are now."""
+        self._cache.clear()
 
     @property
     def max_attempts(self) -> int:
@@ -159,3 +175,11 @@ class InboxSettings:
 
 
 inbox_settings = InboxSettings()
+
+
+def _setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith("INBOX_"):
+        inbox_settings.reload()
+
+
+setting_changed.connect(_setting_changed)

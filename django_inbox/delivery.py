@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -104,7 +105,7 @@ def deliver_batch(rows: list[NewRow]) -> list[Outcome]:
                 key = (row.consumer, row.message_id)
                 if key in new and key not in ran:
                     ran.add(key)
-                    run_handler(handler, _materialise(row, new[key]), using)  # type: ignore[arg-type]
+                    run_handler(handler, _materialise(row, new[key], using), using)  # type: ignore[arg-type]
     except Exception:
         logger.info("inbox batch of %d rolled back; delivering one by one", len(rows))
         return [_deliver_row(_fresh(row), using) for row in rows]
@@ -179,21 +180,35 @@ def store_dead(
     return _insert_dead(row, reason, error_type, inbox_settings.database)
 
 
-def _materialise(row: NewRow, pk: int) -> InboxMessage:
-    """The row as the handler sees it, built without a query."""
-    return InboxMessage(
-        id=pk,
-        consumer=row.consumer,
-        message_id=row.message_id,
-        source=row.source,
-        event_type=row.event_type,
-        key=row.key,
-        payload=json.loads(row.payload),
-        headers=json.loads(row.headers),
-        status=row.status,
-        attempts=row.attempts,
-        processed_at=row.processed_at,
-    )
+def _materialise(row: NewRow, pk: int, using: str | None = None) -> InboxMessage:
+    """The row as the handler sees it, built without a query (as a query would build it)."""
+    values = {
+        "id": pk,
+        "consumer": row.consumer,
+        "message_id": row.message_id,
+        "source": row.source,
+        "event_type": row.event_type,
+        "key": row.key,
+        "payload": json.loads(row.payload),
+        "headers": json.loads(row.headers),
+        "status": row.status,
+        "attempts": row.attempts,
+        "last_error": row.last_error,
+        "history": json.loads(row.history),
+        "received_at": row.processed_at,
+        "updated_at": row.processed_at,
+        "next_attempt_at": row.next_attempt_at,
+        "locked_until": row.locked_until,
+        "lease_id": row.lease_id,
+        "processed_at": row.processed_at,
+    }
+    names = _field_names()
+    return InboxMessage.from_db(using, names, [values[name] for name in names])
+
+
+@functools.cache
+def _field_names() -> list[str]:
+    return [field.attname for field in InboxMessage._meta.concrete_fields]
 
 
 def deliver(
@@ -251,7 +266,7 @@ def _deliver_row(
         with transaction.atomic(using=using):
             pk = insert_row(row, now, using)
             if pk is not None:
-                run_handler(handler, _materialise(row, pk), using)
+                run_handler(handler, _materialise(row, pk, using), using)
     except Exception as exc:
         if pk is None:
             raise  # the inbox's own insert failed: nothing is stored, let the caller retry
