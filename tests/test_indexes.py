@@ -36,3 +36,17 @@ def test_claim_query_is_an_ordered_scan_of_the_partial_index() -> None:
 def test_dedup_lookup_uses_the_unique_constraint() -> None:
     text = plan(InboxMessage.objects.filter(consumer="inventory", message_id="evt-1"))
     assert "django_inbox_unique_consumer_message" in text, text
+
+
+def test_fresh_claim_subquery_is_an_ordered_scan_of_the_partial_index() -> None:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(
+            "EXPLAIN SELECT id FROM django_inbox_inboxmessage WHERE consumer = %s "
+            "AND status IN (%s, %s) AND next_attempt_at <= now() "
+            "ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED",
+            ["inventory", "received", "failed"],
+        )
+        text = "\n".join(line for (line,) in cursor.fetchall())
+    assert "django_inbox_polled_idx" in text, text
+    assert "Sort" not in text, text
