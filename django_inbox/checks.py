@@ -152,8 +152,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         )
     envelope = _setting("INBOX_ENVELOPE")
     try:
-        if not callable(import_string(envelope)):
-            raise ImportError(f"{envelope!r} is not callable")
+        if not isinstance(envelope, str) or not callable(import_string(envelope)):
+            raise ImportError(f"{envelope!r} is not the dotted path of a callable")
     except ImportError as exc:
         errors.append(
             Error(

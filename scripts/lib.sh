@@ -39,3 +39,33 @@ ensure_postgres() {
     echo "PostgreSQL is not reachable on 127.0.0.1:5432" >&2
     exit 2
 }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_for_port() {
+    local port="$1" name="$2"
+    for _ in $(seq 1 60); do
+        port_open "$port" && return
+        sleep 1
+    done
+    echo "$name is not reachable on 127.0.0.1:$port" >&2
+    exit 2
+}
+
+# The broker tests talk to the real RabbitMQ and Redis on this machine; start them if down.
+ensure_redis() {
+    port_open 6379 && return
+    step "starting Redis"
+    mkdir -p /var/lib/redis /var/log/redis
+    redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
+        --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
+    wait_for_port 6379 Redis
+}
+
+ensure_rabbitmq() {
+    port_open 5672 && return
+    step "starting RabbitMQ"
+    rabbitmq-server -detached
+    wait_for_port 5672 RabbitMQ
+    rabbitmqctl await_startup >/dev/null 2>&1 || true
+}

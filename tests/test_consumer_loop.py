@@ -154,3 +154,22 @@ def test_an_envelope_setting_that_does_not_import_is_a_check_error() -> None:
 
     with override_settings(INBOX_ENVELOPE="effects.envelopes.missing"):
         assert "django_inbox.E013" in {message.id for message in run_checks()}
+
+
+def test_unknown_event_type_is_refused_at_the_broker_when_configured(queue: str) -> None:
+    publish(queue, {"n": 1}, message_id="m-1", type="nobody.handles.this")
+
+    with override_settings(INBOX_UNHANDLED="refuse"):
+        stats = consume(queue, commit_every=10)
+
+    assert stats.refused == 1
+    assert not InboxMessage.objects.exists()
+
+
+def test_until_idle_zero_drains_what_is_waiting_then_stops(queue: str) -> None:
+    for n in range(3):
+        publish(queue, {"n": n}, message_id=f"m-{n}", type="effect.write")
+
+    stats = BrokerConsumer(consumer="effects", queue=queue, broker_url=BROKER, until_idle=0).run()
+
+    assert stats.outcomes == {"processed": 3}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from amqp.exceptions import AccessRefused, NotAllowed, NotFound, PreconditionFailed
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 from django.utils.module_loading import import_string
 from kombu.connection import Connection
@@ -24,13 +25,22 @@ from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from ..conf import inbox_settings
 from ..delivery import deliver, deliver_batch, prepare, store, store_dead
-from ..exceptions import InvalidMessage, InvalidMessageId
+from ..exceptions import InvalidMessage, InvalidMessageId, UnknownEventType
+from ..registry import registry
 from ..shutdown import Shutdown
 from ..storage import NewRow
 from ..worker import Worker
 from .envelope import Envelope
 
 logger = logging.getLogger("django_inbox")
+
+
+#: The broker refused what we asked for: retrying cannot help, the configuration must change.
+REFUSALS = (AccessRefused, NotAllowed, NotFound, PreconditionFailed)
+
+
+class BrokerMisconfigured(Exception):
+    """The broker refused the credentials, the queue or its declaration."""
 
 
 class AckMode(StrEnum):
@@ -146,11 +156,18 @@ class BrokerConsumer:
             connection = Connection(self.broker_url, transport_options=self.transport_options)
             try:
                 self._consume(connection, backoff)
+            except REFUSALS as exc:
+                raise BrokerMisconfigured(
+                    f"the broker refused queue {self.queue_name!r}: {type(exc).__name__}: {exc}"
+                ) from exc
             except (
                 BrokerUnavailable,
                 *connection.connection_errors,
                 *connection.channel_errors,
             ) as exc:
+                # Unacknowledged messages go back to the broker with the channel; nothing of
+                # an open batch was committed, so it is simply dropped and redelivered.
+                self._pending = []
                 self.stats.reconnects += 1
                 delay = backoff.next()
                 logger.warning(
@@ -201,16 +218,21 @@ class BrokerConsumer:
             )
         return Queue(self.queue_name, routing_key=self.queue_name, durable=True)
 
-    def _finished(self) -> bool:
+    def _stopping(self) -> bool:
+        """No new message may start: a stop was asked for, or ``max_messages`` are taken."""
         if self.shutdown.requested:
             return True
         taken = self.stats.received + len(self._pending)
-        if self.max_messages is not None and taken >= self.max_messages:
+        return self.max_messages is not None and taken >= self.max_messages
+
+    def _finished(self) -> bool:
+        if self._stopping():
             return True
         if self._pending:
             return False
         idle = time.monotonic() - self._last_message
-        return self.until_idle is not None and idle >= self.until_idle
+        # At least one tick: "--until-idle 0" means "until nothing is waiting".
+        return self.until_idle is not None and idle >= max(self.until_idle, self.tick)
 
     def _between_messages(self) -> None:
         if not self.process_due or self.shutdown.requested:
@@ -228,6 +250,11 @@ class BrokerConsumer:
     # -- one message ----------------------------------------------------------------------
 
     def _on_message(self, message: Any) -> None:
+        if self._stopping():
+            # Delivered while the subscription was being cancelled: give it back untouched.
+            message.requeue()
+            self.stats.requeued += 1
+            return
         self._last_message = time.monotonic()
         close_old_connections()
         try:
@@ -306,6 +333,7 @@ class BrokerConsumer:
             and not envelope.redelivered
             and not envelope.problem
             and envelope.event_type
+            and registry.get(self.consumer, envelope.event_type) is not None
         )
         try:
             if batchable:
@@ -323,6 +351,11 @@ class BrokerConsumer:
             outcome = deliver(payload=envelope.payload, redelivered=envelope.redelivered, **fields)
             self.stats.outcomes[outcome.value] += 1
             return "ack"
+        except UnknownEventType as exc:
+            logger.error(
+                "inbox_consume %s: refused message %s: %s", self.consumer, envelope.message_id, exc
+            )
+            return "refuse"
         except InvalidMessageId as exc:
             logger.error(
                 "inbox_consume %s: refused a message with an unusable id: %s", self.consumer, exc

@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from ...conf import inbox_settings
-from ...consumer.loop import AckMode, BrokerConsumer
+from ...consumer.loop import AckMode, BrokerConsumer, BrokerMisconfigured
 from ...registry import registry
 from .inbox_process import Command as ProcessCommand
 from .inbox_process import seconds
@@ -123,8 +123,11 @@ class Command(ProcessCommand):
             max_messages=options["max_messages"],
             until_idle=options["until_idle"],
         )
-        with worker.shutdown.handling_signals():
-            stats = worker.run()
+        try:
+            with worker.shutdown.handling_signals():
+                stats = worker.run()
+        except BrokerMisconfigured as exc:
+            raise CommandError(f"{exc}.", returncode=2) from None
         if options["verbosity"] >= 1:
             counts = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
             self.stdout.write(
