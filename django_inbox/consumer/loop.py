@@ -147,12 +147,14 @@ class BrokerConsumer:
         self._pending: list[tuple[Any, NewRow]] = []
         self._last_message = time.monotonic()
         self._last_sweep = 0.0
+        self._idle_out = False
 
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> ConsumeStats:
         backoff = Backoff()
-        while not self._finished():
+        self._idle_out = False
+        while not self._stopping() and not self._idle_out:
             connection = Connection(self.broker_url, transport_options=self.transport_options)
             try:
                 self._consume(connection, backoff)
@@ -195,6 +197,8 @@ class BrokerConsumer:
             if self.stats.reconnects:
                 logger.warning("inbox_consume %s: reconnected to the broker", self.consumer)
             backoff.reset()
+            # Idle time counts only while connected: an unreachable broker is not "idle".
+            self._last_message = time.monotonic()
             while not self._finished():
                 try:
                     # While a batch is open, take only what is already here, then commit it.
@@ -232,7 +236,8 @@ class BrokerConsumer:
             return False
         idle = time.monotonic() - self._last_message
         # At least one tick: "--until-idle 0" means "until nothing is waiting".
-        return self.until_idle is not None and idle >= max(self.until_idle, self.tick)
+        self._idle_out = self.until_idle is not None and idle >= max(self.until_idle, self.tick)
+        return self._idle_out
 
     def _between_messages(self) -> None:
         if not self.process_due or self.shutdown.requested:
