@@ -352,3 +352,35 @@ def test_a_missing_queue_with_no_declare_exits_2(manage: Manage, broker: str) ->
 
     assert proc.returncode == 2, err
     assert "refused queue" in err and "NotFound" in err
+
+
+@pytest.mark.parametrize("broker", [brokers.RABBITMQ], ids=["rabbitmq"])
+def test_message_that_kills_the_consumer_every_time_goes_dead(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    healthy = [{"id": f"ok-{n}", "type": "effect.write", "body": {"n": n}} for n in range(10)]
+    poison = {"id": "poison", "type": "effect.write", "body": {"kill": "always"}}
+    brokers.publish(broker, queue, [healthy[0], poison, *healthy[1:]])
+
+    kills = 0
+    for _ in range(10):  # a bound, not a schedule: the run must end well before it
+        proc = manage(
+            "inbox_consume", "--consumer", "effects", "--queue", queue, "--broker", broker,
+            "--until-idle", "5",
+        )  # fmt: skip
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode == -signal.SIGKILL:
+            kills += 1
+            continue
+        assert proc.returncode == 0, err[-3000:]
+        break
+
+    row = InboxMessage.objects.get(consumer="effects", message_id="poison")
+    print(f"consumer killed {kills} times; poison {row.status} after {row.attempts} attempts")
+    # INBOX_CONSUMERS["effects"]["max_attempts"] is 3: the lost first delivery, then two
+    # counted before the handler ran; the consumer stops crash-looping.
+    assert (row.status, row.attempts) == (Status.DEAD, 3)
+    assert kills <= 3
+    assert row.errors[0]["type"] == "LostAttempt"
+    lost, doubled = lost_and_doubled({m["id"] for m in healthy}, "effects")
+    assert (lost, doubled) == (0, 0)
