@@ -82,15 +82,18 @@ def test_duplicates_at_the_broker_apply_each_effect_once(
     )
 
 
-def test_chaos_random_sigkills_lose_and_double_nothing(
-    manage: Manage, broker: str, queue: str
-) -> None:
-    messages, expected = brokers.stream(brokers.STREAM_N, seed=2, sleep=0.02)
+def chaos(
+    manage: Manage, broker: str, queue: str, seed: int, *args: str
+) -> tuple[int, int, int, int]:
+    """Two consumers on the stream while a driver SIGKILLs one every 1-3 s (10 times) and
+    starts a new one; then what killed consumers left is drained. Returns kills, lost,
+    doubled and rows left in progress."""
+    messages, expected = brokers.stream(brokers.STREAM_N, seed=seed, sleep=0.02)
     brokers.publish(broker, queue, messages)
-    rng = random.Random(5)
+    rng = random.Random(seed)
 
     def start() -> subprocess.Popen[str]:
-        return consume(manage, broker, queue, "--until-idle", "8")
+        return consume(manage, broker, queue, *args, "--until-idle", "8")
 
     running = [start(), start()]
     kills = 0
@@ -110,7 +113,15 @@ def test_chaos_random_sigkills_lose_and_double_nothing(
 
     lost, doubled = lost_and_doubled(expected, "stream")
     in_progress = InboxMessage.objects.filter(status=Status.IN_PROGRESS).count()
-    print(f"chaos: kills={kills} lost={lost} doubled={doubled} in_progress={in_progress}")
+    print(f"chaos {args}: kills={kills} lost={lost} doubled={doubled} in_progress={in_progress}")
+    return kills, lost, doubled, in_progress
+
+
+def test_chaos_random_sigkills_lose_and_double_nothing(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    kills, lost, doubled, in_progress = chaos(manage, broker, queue, 2)
+
     assert kills >= 10
     assert (lost, doubled, in_progress) == (0, 0, 0)
 
@@ -306,31 +317,8 @@ def test_batched_commits_with_failures_and_duplicates_apply_each_effect_once(
 
 @pytest.mark.parametrize("broker", [brokers.RABBITMQ], ids=["rabbitmq"])
 def test_chaos_with_batched_commits(manage: Manage, broker: str, queue: str) -> None:
-    messages, expected = brokers.stream(brokers.STREAM_N, seed=9, sleep=0.01)
-    brokers.publish(broker, queue, messages)
-    rng = random.Random(11)
+    kills, lost, doubled, in_progress = chaos(manage, broker, queue, 9, "--commit-every", "20")
 
-    def start() -> subprocess.Popen[str]:
-        return consume(manage, broker, queue, "--commit-every", "20", "--until-idle", "8")
-
-    running = [start(), start()]
-    kills = 0
-    while any(proc.poll() is None for proc in running):
-        time.sleep(rng.uniform(1, 3))
-        alive = [proc for proc in running if proc.poll() is None]
-        if kills < 10 and alive:
-            victim = rng.choice(alive)
-            victim.kill()
-            victim.wait()
-            kills += 1
-            running[running.index(victim)] = start()
-    for proc in running:
-        proc.communicate(timeout=120)
-    drain_leftovers(manage, broker, queue)
-
-    lost, doubled = lost_and_doubled(expected, "stream")
-    in_progress = InboxMessage.objects.filter(status=Status.IN_PROGRESS).count()
-    print(f"batched chaos: kills={kills} lost={lost} doubled={doubled} in_progress={in_progress}")
     assert kills >= 10
     assert (lost, doubled, in_progress) == (0, 0, 0)
 
