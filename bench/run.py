@@ -10,6 +10,12 @@ dropped and created here, dropped again at the end unless ``BENCH_KEEP_DB=1``):
    worker in process and as ``manage.py inbox_process`` subprocesses (one, then two).
 3. Duplicate rejection: ``deliver()`` of already-completed ids.
 4. ``store()`` of new messages, one per transaction.
+5. Broker consumers: RabbitMQ → ``manage.py inbox_consume`` → the handler → ack, against a
+   plain kombu consumer (``bench/consume.py``) running the same handler in
+   ``transaction.atomic()``; for information ``--ack after-store``, prefetch 1,
+   ``CONN_MAX_AGE=0`` and Redis. Each consumer is a subprocess; its rate runs from its first
+   to its last message, and its CPU and its PostgreSQL backend's are sampled from ``/proc``.
+   Profiled (untimed) with py-spy and cProfile.
 
 Beside them, for the analysis: the inbox with an empty handler, with Django's prepared
 statements on, and the drain with a persistent connection. Every timed run also records the
@@ -22,7 +28,9 @@ cProfile, and writes ``bench/results/latest.json`` and ``latest.md``.
 Knobs (environment): ``BENCH_N`` messages per timed run (5000), ``BENCH_RUNS`` runs per
 figure (3; the median is reported), ``BENCH_DRAIN_N`` messages per drain (100000),
 ``BENCH_DRAIN_RUNS`` in-process drain runs (3), ``BENCH_PGBENCH_SECONDS`` (10),
-``BENCH_KEEP_DB`` (0: drop ``inbox_bench`` at the end).
+``BENCH_KEEP_DB`` (0: drop ``inbox_bench`` at the end), ``BENCH_CONSUME_N`` messages per
+consumer run (20000), ``BENCH_CONSUME_RUNS`` (``BENCH_RUNS``), ``BENCH_RABBITMQ_URL``,
+``BENCH_REDIS_URL``.
 """
 
 from __future__ import annotations
@@ -79,12 +87,25 @@ DRAIN_N = _env_int("BENCH_DRAIN_N", 100_000)
 DRAIN_RUNS = _env_int("BENCH_DRAIN_RUNS", 3)
 PGBENCH_SECONDS = _env_int("BENCH_PGBENCH_SECONDS", 10)
 KEEP_DB = os.environ.get("BENCH_KEEP_DB", "0") not in ("", "0", "false", "no")
+CONSUME_N = _env_int("BENCH_CONSUME_N", 20_000)
+CONSUME_RUNS = _env_int("BENCH_CONSUME_RUNS", RUNS)
+CONSUME_PROFILE_N = min(CONSUME_N, 6000)
+BROKERS = {
+    "rabbitmq": os.environ.get("BENCH_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//"),
+    "redis": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5"),
+}
 WARMUP = max(200, N // 10)
 SKUS = 10_000  # stock rows the handler's updates are spread over: BENCH-0 … BENCH-9999
 PROFILE_N = min(N, 3000)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-TARGETS = {"deliver_vs_bare": 0.85, "drain": 5000.0, "duplicates": 10_000.0}
+TARGETS = {
+    "deliver_vs_bare": 0.85,
+    "drain": 5000.0,
+    "duplicates": 10_000.0,
+    "consume_vs_plain": 0.8,
+    "consume": 2000.0,
+}
 
 os.environ["DATABASE_URL"] = DATABASE_URL
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
@@ -893,6 +914,688 @@ def bench_drain() -> dict[str, Series]:
     return series
 
 
+# ----------------------------------------------------------------------------- 5. consume
+
+CONSUME_SCRIPT = BENCH_DIR / "consume.py"
+CONSUME_IDLE = 2  # --until-idle of every consumer: it exits 2 s after the last message
+SAMPLE_EVERY = 0.02  # s between two reads of the consumer's and its backend's CPU time
+
+
+def broker_reachable(url: str) -> str | None:
+    """``None`` if the broker answers, else why not."""
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:  # any failure means: skip this broker
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+class Queues:
+    """The broker queues this run declared (all named ``bench-…``), deleted at the end."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, str]] = []
+
+    def new(self, url: str, label: str) -> str:
+        name = f"bench-{label}-{os.getpid()}-{len(self.made)}"
+        self.made.append((url, name))
+        return name
+
+    def delete_all(self) -> None:
+        from kombu import Connection, Queue
+
+        for url, name in self.made:
+            try:
+                with Connection(url) as conn:
+                    queue = Queue(name, routing_key=name, durable=True)(conn.default_channel)
+                    queue.declare()  # kombu's virtual transports delete the bindings they know
+                    queue.delete()
+            except Exception as exc:  # best effort: report, go on with the others
+                log(f"   could not delete queue {name} at {url}: {exc}")
+        self.made.clear()
+
+
+def publish(url: str, queue: str, prefix: str, count: int) -> float:
+    """Publish ``count`` persistent messages ``{prefix}-{i}`` of type ``bench.take`` into
+    ``queue`` (declared here, as the consumers declare it); return messages/s."""
+    from kombu import Connection, Queue
+
+    from bench.inbox_handlers import EVENT_TYPE
+
+    began = time.perf_counter()
+    with Connection(url) as conn:
+        channel = conn.default_channel
+        target = Queue(queue, routing_key=queue, durable=True)(channel)
+        target.declare()
+        target.purge()
+        producer = conn.Producer(channel)
+        for i in range(count):
+            producer.publish(
+                json.dumps(payload(i)),
+                routing_key=queue,
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=2,
+                message_id=f"{prefix}-{i}",
+                type=EVENT_TYPE,
+            )
+    return count / (time.perf_counter() - began)
+
+
+def queue_depth(url: str, queue: str) -> int:
+    from kombu import Connection, Queue
+
+    with Connection(url) as conn:
+        channel = conn.default_channel
+        if url.startswith("redis"):  # an empty Redis list does not exist: no passive declare
+            return int(channel.client.llen(queue))
+        declared = Queue(queue, routing_key=queue, durable=True)(channel)
+        return int(declared.queue_declare(passive=True).message_count)
+
+
+def inbox_rows(status: str) -> tuple[int, dt.datetime | None, dt.datetime | None, int]:
+    """(rows, first received_at, last received_at, rows in ``status``) of consumer ``bench``."""
+    if status not in ("received", "completed"):
+        raise ValueError(status)
+    row = bench_sql(
+        "SELECT count(*), min(received_at), max(received_at), "
+        f"count(*) FILTER (WHERE status = '{status}') "
+        "FROM django_inbox_inboxmessage WHERE consumer = 'bench'"
+    )[0]
+    return int(row[0]), row[1], row[2], int(row[3])
+
+
+def sessions(conn: psycopg.Connection[Any]) -> int:
+    """Sessions ever opened to the bench database (PostgreSQL 14+; counted at connect)."""
+    cur = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s", [DB_NAME])
+    row = cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def server_pids(command: str) -> list[int]:
+    """Processes of this machine named ``command`` (the broker's server: its CPU time is read
+    from /proc like the consumer's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == command:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def backend_pids(conn: psycopg.Connection[Any], application_name: str) -> list[int]:
+    cur = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [application_name]
+    )
+    return [int(r[0]) for r in cur.fetchall()]
+
+
+def interpolate(samples: list[tuple[float, ...]], at: float, column: int) -> float | None:
+    """Column ``column`` of ``samples`` (sorted by time, column 0) at time ``at``."""
+    previous = None
+    for sample in samples:
+        if sample[0] >= at:
+            if previous is None or sample[column] is None or previous[column] is None:
+                return sample[column]
+            span = sample[0] - previous[0]
+            share = (at - previous[0]) / span if span else 1.0
+            return previous[column] + share * (sample[column] - previous[column])
+        previous = sample
+    return previous[column] if previous else None
+
+
+def run_consumer(
+    kind: str,
+    url: str,
+    queue: str,
+    *,
+    ack: str = "after-process",
+    prefetch: int,
+    conn_max_age: str = "none",
+    pyspy: Path | None = None,
+    cprofile: Path | None = None,
+    max_messages: int | None = None,
+    commit_every: int | None = None,
+) -> dict[str, Any]:
+    """Start one consumer subprocess on ``queue`` (already filled) and wait for it to exit.
+
+    ``kind`` ``inbox`` is ``manage.py inbox_consume``, ``plain`` the kombu baseline
+    (``bench/consume.py plain``). While it runs, this process reads every 20 ms the CPU time
+    of the consumer, of its PostgreSQL backend (found by ``application_name``) and of the
+    machine; the figures are taken between the start of the first and of the last message
+    (the inbox's ``received_at``, the baseline's own clock), so the consumer's start-up and
+    its final idle wait are excluded. Profiled runs (``pyspy``, ``cprofile``) are not timed.
+    """
+    application_name = f"bench-consume-{kind}-{time.monotonic_ns()}"
+    env = subprocess_env()
+    env.update(
+        INBOX_BROKER_URL=url,
+        BENCH_CONN_MAX_AGE=conn_max_age,
+        BENCH_DB_APPLICATION_NAME=application_name,
+    )
+    common = ["--queue", queue, "--broker", url, "--prefetch", str(prefetch)]
+    common += ["--until-idle", str(CONSUME_IDLE)]
+    if max_messages:
+        common += ["--max-messages", str(max_messages)]
+    if kind == "inbox" and cprofile is None:
+        cmd = [sys.executable, str(MANAGE), "inbox_consume", "--consumer", "bench"]
+        cmd += [*common, "--ack", ack]
+        if commit_every:
+            cmd += ["--commit-every", str(commit_every)]
+    else:
+        cmd = [sys.executable, str(CONSUME_SCRIPT), kind, *common, "--ack", ack]
+        if cprofile is not None:
+            cmd += ["--profile", str(cprofile)]
+    if pyspy is not None:
+        spy = [str(Path(sys.executable).parent / "py-spy"), "record", "--rate", "400", "--idle"]
+        cmd = [*spy, "--format", "raw", "-o", str(pyspy), "--", *cmd]
+    samples: list[tuple[Any, ...]] = []
+    backends: set[int] = set()
+    broker_pids = server_pids("redis-server" if url.startswith("redis") else "beam.smp")
+    with (
+        tempfile.TemporaryFile("w+") as out,
+        tempfile.TemporaryFile("w+") as err,
+        psycopg.connect(BENCH_DSN, autocommit=True) as watch,
+    ):
+        sessions0 = sessions(watch)
+        started = time.time()
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
+        backend: int | None = None
+        next_lookup = 0.0
+        while proc.poll() is None:
+            now = time.time()
+            if now >= next_lookup:
+                # every sample until the backend is found, then twice a second
+                found = backend_pids(watch, application_name)
+                backends.update(found)
+                backend = found[0] if len(found) == 1 else None
+                next_lookup = now + (0.5 if backend else 0.0)
+            server = proc_cpu(backend) if backend else None
+            broker_cpu = sum(proc_cpu(pid) for pid in broker_pids) if broker_pids else None
+            samples.append((now, proc_cpu(proc.pid), server, machine_busy(), broker_cpu))
+            time.sleep(SAMPLE_EVERY)
+        ended = time.time()
+        connections = sessions(watch) - sessions0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{stderr[-2000:]}")
+    if kind == "plain":
+        found_json = json.loads([s for s in stdout.splitlines() if s.startswith("{")][-1])
+        count, first, last = found_json["count"], found_json["first"], found_json["last"]
+        completed = count
+    else:
+        status = "received" if ack == "after-store" else "completed"
+        count, first_at, last_at, completed = inbox_rows(status)
+        first = first_at.timestamp() if first_at else None
+        last = last_at.timestamp() if last_at else None
+        if kind == "inbox" and cprofile is None:
+            acked = re.search(r"acked (\d+)", stdout)
+            if not acked or int(acked.group(1)) != count or "requeued 0" not in stdout:
+                raise RuntimeError(f"inbox_consume did not ack every message: {stdout.strip()}")
+    if first is None or last is None or last <= first:
+        raise RuntimeError(f"{kind} consumer handled {count} messages: {stdout} {stderr[-500:]}")
+    window = last - first
+    timed = pyspy is None and cprofile is None
+    client = server = busy = broker = None
+    if timed:
+        c0, c1 = interpolate(samples, first, 1), interpolate(samples, last, 1)
+        client = c1 - c0 if c0 is not None and c1 is not None else None
+        if len(backends) == 1:  # one backend for the whole run: its CPU is the consumer's
+            s0, s1 = interpolate(samples, first, 2), interpolate(samples, last, 2)
+            # not seen yet at the first message: it connected during that message (or a
+            # sample before), so its CPU time then was (about) none
+            server = s1 - (s0 or 0.0) if s1 is not None else None
+        b0, b1 = interpolate(samples, first, 3), interpolate(samples, last, 3)
+        busy = b1 - b0 if b0 is not None and b1 is not None else None
+        r0, r1 = interpolate(samples, first, 4), interpolate(samples, last, 4)
+        broker = r1 - r0 if r0 is not None and r1 is not None else None
+    return {
+        "kind": kind,
+        "count": count,
+        "completed": completed,
+        "intervals": count - 1,
+        "window_s": window,
+        "msg_s": (count - 1) / window,
+        "client_cpu_s": client,
+        "server_cpu_s": server,
+        "machine_busy_s": busy,
+        "broker_cpu_s": broker,
+        "backends_seen": len(backends),
+        "connections_opened": connections,
+        "startup_s": first - started,
+        "process_wall_s": ended - started,
+        "stdout": stdout.strip()[-300:],
+    }
+
+
+class ConsumeBench:
+    """Section 5: broker → consumer → handler → ack, inbox_consume against plain kombu."""
+
+    def __init__(self, queues: Queues) -> None:
+        from django_inbox.conf import inbox_settings
+
+        self.queues = queues
+        self.prefetch = inbox_settings.prefetch
+        self.series: dict[str, Series] = {}
+        self.runs: list[dict[str, Any]] = []
+
+    def measure(
+        self,
+        key: str,
+        name: str,
+        kind: str,
+        url: str,
+        count: int,
+        *,
+        ack: str = "after-process",
+        prefetch: int | None = None,
+        conn_max_age: str = "none",
+        commit_every: int | None = None,
+    ) -> dict[str, Any]:
+        series = self.series.setdefault(key, Series(name))
+        truncate_inbox()
+        queue = self.queues.new(url, key)
+        published = publish(url, queue, f"{key}-{len(series.rates)}", count)
+        info = run_consumer(
+            kind,
+            url,
+            queue,
+            ack=ack,
+            prefetch=prefetch or self.prefetch,
+            conn_max_age=conn_max_age,
+            commit_every=commit_every,
+        )
+        left = queue_depth(url, queue)
+        if info["count"] != count or info["completed"] != count or left:
+            raise RuntimeError(f"{name}: {info['count']} of {count} handled, {left} left: {info}")
+        series.add(
+            info["intervals"],
+            info["window_s"],
+            info["client_cpu_s"],
+            info["server_cpu_s"],
+            info["machine_busy_s"],
+        )
+        details = {
+            "messages": count,
+            "msg_s": round(info["msg_s"], 1),
+            "published_msg_s": round(published, 1),
+            "startup_s": round(info["startup_s"], 2),
+            "process_wall_s": round(info["process_wall_s"], 2),
+            "postgresql_connections_opened": info["connections_opened"],
+            "broker_cpu_us_per_msg": round(info["broker_cpu_s"] / info["intervals"] * 1e6, 1)
+            if info["broker_cpu_s"] is not None
+            else None,
+            "load_average": loadavg(),
+        }
+        series.extra.setdefault("runs_detail", []).append(details)
+        broker_cpu = [
+            d["broker_cpu_us_per_msg"]
+            for d in series.extra["runs_detail"]
+            if d["broker_cpu_us_per_msg"] is not None
+        ]
+        if broker_cpu:
+            series.extra["broker_cpu_us_per_msg"] = round(statistics.median(broker_cpu), 1)
+        series.extra.update(
+            kind=kind,
+            broker=url.split(":")[0],
+            ack=ack,
+            prefetch=prefetch or self.prefetch,
+            conn_max_age=conn_max_age,
+            messages=count,
+        )
+        log(
+            f"   {name:66s} {info['msg_s']:7.0f} msg/s  (start-up {info['startup_s']:.2f}s, "
+            f"published at {published:.0f}/s, {info['connections_opened']} PostgreSQL "
+            "connection(s))"
+        )
+        return info
+
+    def profile(self, kind: str, url: str, count: int, how: str, tmp: Path) -> dict[str, Any]:
+        """One untimed run of ``kind`` under py-spy (the real process) or cProfile."""
+        truncate_inbox()
+        queue = self.queues.new(url, f"profile-{kind}")
+        publish(url, queue, f"profile-{kind}-{how}", count)
+        path = tmp / f"{kind}.{how}"
+        info = run_consumer(
+            kind,
+            url,
+            queue,
+            prefetch=self.prefetch,
+            pyspy=path if how == "py-spy" else None,
+            cprofile=path if how == "cprofile" else None,
+            max_messages=count,  # no --until-idle wait at the end of the profile
+        )
+        if how == "py-spy":
+            return pyspy_breakdown(path.read_text(), kind, count, 1e6 / info["msg_s"])
+        stats = pstats.Stats(str(path))
+        found = summarise(stats, count)
+        found["calls_per_msg"] = call_counts(stats, count)
+        found["cumulative"] = cumulative(stats, count)
+        found["json_loads_callers"] = callers(stats, "loads", "json/__init__.py", count)
+        found["json_dumps_callers"] = callers(stats, "dumps", "json/__init__.py", count)
+        return found
+
+
+def bench_consume() -> tuple[dict[str, Series], dict[str, Any]]:
+    """RabbitMQ (and Redis) → consumer → the bench handler → ack, in one consumer process."""
+    n, half, small = CONSUME_N, max(1000, CONSUME_N // 2), max(500, CONSUME_N // 10)
+    log(
+        f"\n== 5. broker consumers: {CONSUME_RUNS} interleaved runs x {n} messages, "
+        f"inbox_consume against a plain kombu consumer"
+    )
+    down = {name: broker_reachable(url) for name, url in BROKERS.items()}
+    for name, why in down.items():
+        if why:
+            log(f"   {name} at {BROKERS[name]} is not reachable ({why}): skipped")
+    queues = Queues()
+    bench = ConsumeBench(queues)
+    extra: dict[str, Any] = {"skipped": {k: v for k, v in down.items() if v}}
+    rabbit, redis = BROKERS["rabbitmq"], BROKERS["redis"]
+    try:
+        if not down["rabbitmq"]:
+            pair = [
+                ("consume_rabbitmq", "RabbitMQ → manage.py inbox_consume, ack after process"),
+                ("consume_rabbitmq_plain", "RabbitMQ → plain kombu consumer, same handler"),
+                (
+                    "consume_rabbitmq_batched",
+                    "RabbitMQ → inbox_consume --commit-every 100 (batched commits)",
+                ),
+            ]
+            for run in range(CONSUME_RUNS):
+                # interleaved, the order alternating, so a trend in the machine's load
+                # favours none
+                for key, name in pair if run % 2 == 0 else pair[::-1]:
+                    kind = "plain" if key.endswith("plain") else "inbox"
+                    batched = 100 if key.endswith("batched") else None
+                    bench.measure(key, name, kind, rabbit, n, commit_every=batched)
+            bench.measure(
+                "consume_rabbitmq_store",
+                f"RabbitMQ → inbox_consume --ack after-store, {half} msgs (info)",
+                "inbox",
+                rabbit,
+                half,
+                ack="after-store",
+            )
+            bench.measure(
+                "consume_rabbitmq_prefetch1",
+                f"RabbitMQ → inbox_consume, prefetch 1, {half} msgs (info)",
+                "inbox",
+                rabbit,
+                half,
+                prefetch=1,
+            )
+            bench.measure(
+                "consume_rabbitmq_plain_prefetch1",
+                f"RabbitMQ → plain kombu, prefetch 1, {half} msgs (info)",
+                "plain",
+                rabbit,
+                half,
+                prefetch=1,
+            )
+            bench.measure(
+                "consume_rabbitmq_age0",
+                f"RabbitMQ → inbox_consume, CONN_MAX_AGE=0, {small} msgs (info)",
+                "inbox",
+                rabbit,
+                small,
+                conn_max_age="0",
+            )
+            bench.measure(
+                "consume_rabbitmq_plain_age0",
+                f"RabbitMQ → plain kombu, CONN_MAX_AGE=0, {small} msgs (info)",
+                "plain",
+                rabbit,
+                small,
+                conn_max_age="0",
+            )
+        if not down["redis"]:
+            pair = [
+                ("consume_redis", f"Redis → inbox_consume, ack after process, {half} msgs (info)"),
+                ("consume_redis_plain", f"Redis → plain kombu consumer, {half} msgs (info)"),
+            ]
+            for run in range(min(2, CONSUME_RUNS)):
+                for key, name in pair if run % 2 == 0 else pair[::-1]:
+                    kind = "plain" if key.endswith("plain") else "inbox"
+                    bench.measure(key, name, kind, redis, half)
+        if not down["rabbitmq"]:
+            extra["profiles"] = consume_profiles(bench, rabbit)
+    finally:
+        queues.delete_all()
+        truncate_inbox()
+    extra["prefetch_default"] = bench.prefetch
+    return bench.series, extra
+
+
+def consume_profiles(bench: ConsumeBench, url: str) -> dict[str, Any]:
+    count = CONSUME_PROFILE_N
+    log(
+        f"   profiling (untimed): py-spy on inbox_consume and the plain consumer, twice each, "
+        f"{count} messages a run, then cProfile of both"
+    )
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if (Path(sys.executable).parent / "py-spy").exists():
+            # twice each (inbox, plain, plain, inbox): the machine is shared, so keep each
+            # consumer's least disturbed run, the one with the lowest wall time per message
+            for kind in ("inbox", "plain", "plain", "inbox"):
+                found = bench.profile(kind, url, count, "py-spy", Path(tmp))
+                key = f"{kind}_py-spy"
+                walls = [
+                    *out.get(key, {}).get("runs_wall_us_per_msg", []),
+                    found["wall_us_per_msg"],
+                ]
+                if key not in out or found["wall_us_per_msg"] < out[key]["wall_us_per_msg"]:
+                    out[key] = found
+                out[key]["runs_wall_us_per_msg"] = walls
+                top = ", ".join(
+                    f"{label} {step['share']:.0%}"
+                    for label, step in list(found["steps"].items())[:5]
+                )
+                log(
+                    f"   py-spy {kind:6s} {found['wall_us_per_msg']:5.0f} µs/msg, "
+                    f"{found['samples']} samples: {top}"
+                )
+        else:
+            log("   py-spy is not installed in .venv: skipped (pip install py-spy)")
+        for kind in ("inbox", "plain"):
+            found = bench.profile(kind, url, count, "cprofile", Path(tmp))
+            out[f"{kind}_cprofile"] = found
+            log(
+                f"   cProfile {kind:6s} {found['profiled_us_per_msg']:.0f} µs/msg profiled; per "
+                f"message: {found['calls_per_msg']}"
+            )
+    return out
+
+
+# What a consumer does per message, from py-spy's stacks: the step a sample belongs to is the
+# first of these frames found under the per-message callback (root to leaf). (function name
+# ends with, file contains, label).
+STEPS: list[tuple[str, str, str]] = [
+    ("close_old_connections", "django/db/", "close_old_connections()"),
+    ("parse", "consumer/envelope.py", "envelope: read properties, decode body and headers"),
+    ("loads", "json/", "json.loads of the body"),
+    ("_prepare", "django_inbox/delivery.py", "deliver: _prepare (validate, JSON-encode)"),
+    ("get", "django_inbox/registry.py", "deliver: registry lookup"),
+    ("insert_row", "django_inbox/storage.py", "deliver: inbox INSERT (insert_row)"),
+    ("_materialise", "django_inbox/delivery.py", "deliver: build InboxMessage (_materialise)"),
+    ("take_one", "bench/inbox_handlers.py", "handler: ORM UPDATE (take_one)"),
+    ("__enter__", "django/db/transaction.py", "atomic() enter (BEGIN is sent with the 1st query)"),
+    ("__exit__", "django/db/transaction.py", "atomic() exit: COMMIT"),
+    ("now", "django/utils/timezone.py", "timezone.now()"),
+    ("ack", "kombu/message.py", "message.ack()"),
+]
+ROOTS = {
+    # per-message callback, the consuming loop
+    "inbox": ("_on_message", "run"),
+    "plain": ("on_message", "plain"),
+}
+
+
+def _frame(text: str) -> tuple[str, str]:
+    """``name (file:line)`` of py-spy's raw output → (name, file)."""
+    found = re.match(r"(.*) \((.*?)(?::\d+)?\)$", text)
+    return (found.group(1), found.group(2)) if found else (text, "")
+
+
+def _waiting_for(name: str, file: str) -> str | None:
+    """What a sample whose innermost Python frame is ``name`` in ``file`` is waiting for."""
+    if "psycopg/" in file and name.endswith("wait"):
+        return "PostgreSQL"  # psycopg blocks in wait_c (C) until the server answers
+    if ("amqp/transport.py" in file and name.endswith("_read")) or (
+        "kombu/utils/eventio.py" in file or ("redis/" in file and "read" in name)
+    ):
+        return "broker"  # socket reads: returns at once when a frame is buffered
+    return None
+
+
+def pyspy_breakdown(raw: str, kind: str, count: int, wall_us: float) -> dict[str, Any]:
+    """Wall-clock samples of one consumer (py-spy ``--idle``, raw format) per step of a
+    message, and how much of each step waited for PostgreSQL or the broker."""
+    per_message, loop = ROOTS[kind]
+    steps: Counter[str] = Counter()
+    pg_wait: Counter[str] = Counter()
+    waits: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, number = line.rpartition(" ")
+        if not number.isdigit():
+            continue
+        frames = [_frame(f) for f in stack.split(";")]
+        names = [name.rsplit(".", 1)[-1] for name, _ in frames]
+        if not any(
+            name == loop and ("consume" in file or "loop.py" in file)
+            for name, (_, file) in zip(names, frames, strict=True)
+        ):
+            continue  # start-up, imports, Django set-up, exit
+        samples = int(number)
+        total += samples
+        leaf_name, leaf_file = frames[-1]
+        waiting = _waiting_for(leaf_name, leaf_file)
+        if waiting:
+            waits[waiting] += samples
+        else:
+            leaves[f"{leaf_name} ({_short(leaf_file)})"] += samples
+        if per_message not in names:
+            if "_between_messages" in names:
+                label = "loop: _between_messages (sweep for due retries once a second)"
+            elif "drain_events" in names:
+                label = "broker: read frames, build the kombu message"
+            else:
+                label = "loop: other (_finished, timeouts)"
+        else:
+            label = "per message: other"
+            for name, file in frames[names.index(per_message) + 1 :]:
+                hit = next(
+                    (lab for end, where, lab in STEPS if name.endswith(end) and where in file), None
+                )
+                if hit:
+                    label = hit
+                    break
+        steps[label] += samples
+        if waiting == "PostgreSQL":
+            pg_wait[label] += samples
+    if not total:
+        return {"messages": count, "samples": 0, "steps": {}}
+    return {
+        "messages": count,
+        "samples": total,
+        "wall_us_per_msg": round(wall_us, 1),
+        "waiting_share": {k: round(v / total, 3) for k, v in waits.most_common()},
+        "steps": {
+            k: {
+                "share": round(v / total, 3),
+                "waiting_for_postgresql": round(pg_wait[k] / total, 3),
+            }
+            for k, v in steps.most_common()
+        },
+        "top_leaf_functions_not_waiting": [
+            {"where": k, "share": round(v / total, 3)} for k, v in leaves.most_common(12)
+        ],
+    }
+
+
+def _short(file: str) -> str:
+    file = re.sub(r"^.*/(site-packages|lib/python3\.\d+)/", "", file)
+    return file.replace(str(ROOT) + "/", "")
+
+
+# Per message, counted by cProfile: (label, function name, file contains).
+CALLS: list[tuple[str, str, str]] = [
+    ("SQL statements (psycopg execute)", "execute", "psycopg/cursor.py"),
+    ("SQL statements (psycopg client cursor execute)", "execute", "psycopg/client_cursor.py"),
+    ("commits", "commit", "psycopg/connection.py"),
+    ("close_old_connections", "close_old_connections", "django/db/__init__.py"),
+    ("acks", "ack", "kombu/message.py"),
+    ("json.loads", "loads", "json/__init__.py"),
+    ("json.dumps", "dumps", "json/__init__.py"),
+    ("Django settings lookups (LazySettings.__getattr__)", "__getattr__", "django/conf/__init__"),
+    ("model __init__", "__init__", "django/db/models/base.py"),
+    ("amqp frames read", "read_frame", "amqp/transport.py"),
+    ("drain_events", "drain_events", "kombu/connection.py"),
+]
+
+
+# Cumulative time per message under cProfile: (function name, file contains).
+CUMULATIVE: list[tuple[str, str]] = [
+    ("_on_message", "django_inbox/consumer/loop.py"),
+    ("on_message", "bench/consume.py"),
+    ("parse", "django_inbox/consumer/envelope.py"),
+    ("deliver", "django_inbox/delivery.py"),
+    ("_prepare", "django_inbox/delivery.py"),
+    ("insert_row", "django_inbox/storage.py"),
+    ("_materialise", "django_inbox/delivery.py"),
+    ("take_one", "bench/inbox_handlers.py"),
+    ("commit", "django/db/backends/base/base.py"),
+    ("ack", "kombu/message.py"),
+    ("close_old_connections", "django/db/__init__.py"),
+    ("_between_messages", "django_inbox/consumer/loop.py"),
+    ("run_once", "django_inbox/worker.py"),
+    ("drain_events", "kombu/connection.py"),
+]
+
+
+def call_counts(stats: pstats.Stats, count: int) -> dict[str, float]:
+    found: Counter[str] = Counter()
+    for (filename, _line, func), (_cc, ncalls, *_rest) in stats.stats.items():  # type: ignore[attr-defined]
+        for label, name, where in CALLS:
+            if func == name and where in filename:
+                found[label] += ncalls
+    return {label: round(found[label] / count, 2) for label, _, _ in CALLS if found[label]}
+
+
+def callers(stats: pstats.Stats, name: str, where: str, count: int) -> dict[str, float]:
+    """Who calls function ``name`` (file containing ``where``), calls per message each."""
+    out: Counter[str] = Counter()
+    for (filename, _line, func), (*_rest, calling) in stats.stats.items():  # type: ignore[attr-defined]
+        if func == name and where in filename:
+            for (c_file, c_line, c_func), (_cc, ncalls, *_x) in calling.items():
+                out[_where(c_file, c_line, c_func)] += ncalls
+    return {k: round(v / count, 2) for k, v in out.most_common()}
+
+
+def cumulative(stats: pstats.Stats, count: int) -> dict[str, dict[str, float]]:
+    """Calls and cumulative µs per message of the functions a consumed message goes through
+    (under cProfile, which inflates them: compare them with each other)."""
+    out = {}
+    for (filename, line, func), (_cc, ncalls, _tt, cumtime, _cl) in stats.stats.items():  # type: ignore[attr-defined]
+        for name, where in CUMULATIVE:
+            if func == name and where in filename:
+                out[_where(filename, line, func)] = {
+                    "calls_per_msg": round(ncalls / count, 3),
+                    "cumulative_us_per_msg": round(cumtime / count * 1e6, 1),
+                }
+    return out
+
+
 # ----------------------------------------------------------------------------- round trips
 
 
@@ -1049,33 +1752,43 @@ def reconnect_cost(worker: Any) -> dict[str, float]:
 # ----------------------------------------------------------------------------- profiles
 
 WAITING = "waiting for PostgreSQL"
+WAITING_BROKER = "waiting for the broker (socket reads)"
 
 
 def profile(fn: Callable[[], object], count: int) -> dict[str, Any]:
     profiler = cProfile.Profile()
     profiler.runcall(fn)
-    stats = pstats.Stats(profiler)
+    return summarise(pstats.Stats(profiler), count)
+
+
+def summarise(stats: pstats.Stats, count: int) -> dict[str, Any]:
+    """Profiled time per message, grouped, and the top Python functions by own time."""
     groups: Counter[str] = Counter()
     rows = []
     for (filename, line, func), (_cc, ncalls, tottime, _ct, _cl) in stats.stats.items():  # type: ignore[attr-defined]
         group = _group(filename, func)
         groups[group] += tottime
-        if group != WAITING:
+        if group not in (WAITING, WAITING_BROKER):
             rows.append((tottime, ncalls, _where(filename, line, func)))
-    python = sum(t for g, t in groups.items() if g != WAITING)
+    python = sum(t for g, t in groups.items() if g not in (WAITING, WAITING_BROKER))
     rows.sort(reverse=True)
-    return {
+    out = {
         "messages": count,
         "profiled_us_per_msg": round(sum(groups.values()) / count * 1e6, 1),
         "waiting_share": round(groups[WAITING] / sum(groups.values()), 3),
         "python_share_by_group": {
-            g: round(t / python, 3) for g, t in groups.most_common() if g != WAITING
+            g: round(t / python, 3)
+            for g, t in groups.most_common()
+            if g not in (WAITING, WAITING_BROKER)
         },
         "top_python_functions": [
             {"where": w, "calls_per_msg": round(nc / count, 2), "share": round(tt / python, 3)}
             for tt, nc, w in rows[:12]
         ],
     }
+    if groups[WAITING_BROKER]:
+        out["broker_waiting_share"] = round(groups[WAITING_BROKER] / sum(groups.values()), 3)
+    return out
 
 
 def _where(filename: str, line: int, func: str) -> str:
@@ -1090,6 +1803,10 @@ def _group(filename: str, func: str) -> str:
     """Where the time goes, in buckets a reader can act on."""
     if (filename.endswith("psycopg/connection.py") and func == "wait") or "epoll" in func:
         return WAITING  # psycopg blocks in wait_c (C) inside this function
+    if filename == "~" and re.search(r"'(recv|recv_into|poll|select)' of", func):
+        return WAITING_BROKER  # py-amqp and redis-py read their sockets from Python
+    if re.search(r"/(kombu|amqp|redis|vine)/", filename):
+        return "kombu, py-amqp, redis-py (broker client)"
     if "psycopg" in filename or "psycopg" in func:
         return "psycopg (adapt, send, parse)"
     if "/django/db/models/" in filename:
@@ -1162,6 +1879,8 @@ def main() -> int:
         figures.update(bench_pgbench())
         figures.update(bench_store())
         figures.update(bench_drain())
+        consume_figures, consume = bench_consume()
+        figures.update(consume_figures)
         wire = round_trips()
         prof = profiles()
     finally:
@@ -1181,11 +1900,16 @@ def main() -> int:
             "BENCH_DRAIN_N": DRAIN_N,
             "BENCH_DRAIN_RUNS": DRAIN_RUNS,
             "BENCH_PGBENCH_SECONDS": PGBENCH_SECONDS,
+            "BENCH_CONSUME_N": CONSUME_N,
+            "BENCH_CONSUME_RUNS": CONSUME_RUNS,
+            "consume_profile_n": CONSUME_PROFILE_N,
+            "brokers": BROKERS,
         },
         targets=TARGETS,
         figures={key: value.as_dict() for key, value in figures.items()},
         round_trips=wire,
         profiles=prof,
+        consume=consume,
     )
     log("\n" + table)
     log(

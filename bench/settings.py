@@ -2,9 +2,28 @@
 
 ``DEBUG`` is off, as in production: with ``DEBUG=True`` Django keeps every query in
 ``connection.queries``, which would be measured as inbox overhead.
+
+Two knobs for the broker consumers the benchmark starts as subprocesses (unset otherwise, so
+the in-process figures keep the test project's settings):
+
+- ``BENCH_CONN_MAX_AGE``: ``CONN_MAX_AGE`` of the default database, ``none`` for a persistent
+  connection. Django's default (0) closes the connection in every ``close_old_connections()``,
+  which a consumer calls between messages: one new PostgreSQL connection per message.
+- ``BENCH_DB_APPLICATION_NAME``: the connection's ``application_name``, so the benchmark finds
+  the consumer's PostgreSQL backend (and its CPU time) in ``pg_stat_activity``.
 """
+
+import os
 
 from testproject.settings import *  # noqa: F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench"]  # noqa: F405
 DEBUG = False
+
+_conn_max_age = os.environ.get("BENCH_CONN_MAX_AGE")
+if _conn_max_age is not None:
+    _age = None if _conn_max_age.strip().lower() in ("", "none") else int(_conn_max_age)
+    DATABASES["default"]["CONN_MAX_AGE"] = _age  # noqa: F405
+_application_name = os.environ.get("BENCH_DB_APPLICATION_NAME")
+if _application_name:
+    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = _application_name  # noqa: F405
