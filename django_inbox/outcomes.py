@@ -22,8 +22,3 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     DEAD = "dead"
     PARKED = "parked"
-
-    @property
-    def acknowledged(self) -> bool:
-        """True when the inbox owns the message now and a broker may drop its copy."""
-        return self is not Outcome.IN_PROGRESS

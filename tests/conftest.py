@@ -4,6 +4,7 @@ those marked ``postgres`` are skipped elsewhere."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -69,6 +70,23 @@ def manage(subprocess_env: dict[str, str]) -> Callable[..., subprocess.Popen[str
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def restart_until_it_survives(start: Callable[[], subprocess.Popen[str]], bound: int) -> int:
+    """Start a worker again each time SIGKILL ends it, until one exits by itself.
+
+    ``bound`` caps the restarts (a test expects to end well before it). Returns the kills.
+    """
+    kills = 0
+    for _ in range(bound):
+        proc = start()
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode == -signal.SIGKILL:
+            kills += 1
+            continue
+        assert proc.returncode == 0, err[-3000:]
+        break
+    return kills
 
 
 @contextmanager

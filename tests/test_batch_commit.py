@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from collections.abc import Callable
 
@@ -12,6 +11,7 @@ from django.test import override_settings
 from django_inbox import store
 from django_inbox.models import InboxMessage
 from django_inbox.worker import Worker
+from tests.conftest import restart_until_it_survives
 from tests.effects import lost_and_doubled
 
 Status = InboxMessage.Status
@@ -58,17 +58,12 @@ def test_poison_in_a_shared_transaction_goes_dead_and_spares_the_rest(
     ids = [f"m-{n:02d}" for n in range(12)]
     store_effects(ids, m_05={"kill": "always"})
 
-    kills = 0
-    for _ in range(12):  # a bound, not a schedule
-        proc = manage(
+    kills = restart_until_it_survives(
+        lambda: manage(
             "inbox_process", "--consumer", "effects", "--commit-every", "10", "--until-idle", "4"
-        )
-        _, err = proc.communicate(timeout=120)
-        if proc.returncode == -signal.SIGKILL:
-            kills += 1
-            continue
-        assert proc.returncode == 0, err
-        break
+        ),
+        bound=12,
+    )
 
     poison = InboxMessage.objects.get(message_id="m-05")
     print(f"shared-transaction poison: kills={kills} attempts={poison.attempts}")

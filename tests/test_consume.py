@@ -17,6 +17,7 @@ import pytest
 
 from django_inbox.models import InboxMessage
 from tests import brokers
+from tests.conftest import restart_until_it_survives
 from tests.effects import effect_counts, lost_and_doubled
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -350,18 +351,20 @@ def test_message_that_kills_the_consumer_every_time_goes_dead(
     poison = {"id": "poison", "type": "effect.write", "body": {"kill": "always"}}
     brokers.publish(broker, queue, [healthy[0], poison, *healthy[1:]])
 
-    kills = 0
-    for _ in range(10):  # a bound, not a schedule: the run must end well before it
-        proc = manage(
-            "inbox_consume", "--consumer", "effects", "--queue", queue, "--broker", broker,
-            "--until-idle", "5",
-        )  # fmt: skip
-        _, err = proc.communicate(timeout=120)
-        if proc.returncode == -signal.SIGKILL:
-            kills += 1
-            continue
-        assert proc.returncode == 0, err[-3000:]
-        break
+    kills = restart_until_it_survives(
+        lambda: manage(
+            "inbox_consume",
+            "--consumer",
+            "effects",
+            "--queue",
+            queue,
+            "--broker",
+            broker,
+            "--until-idle",
+            "5",
+        ),
+        bound=10,
+    )
 
     row = InboxMessage.objects.get(consumer="effects", message_id="poison")
     print(f"consumer killed {kills} times; poison {row.status} after {row.attempts} attempts")

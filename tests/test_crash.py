@@ -20,7 +20,7 @@ from effects.models import Effect
 from django_inbox import Outcome, deliver, store
 from django_inbox.models import InboxMessage
 from django_inbox.processing import claim_batch, process_claimed
-from tests.conftest import ROOT
+from tests.conftest import ROOT, restart_until_it_survives
 from tests.effects import effect_counts, lost_and_doubled
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -113,15 +113,9 @@ def test_message_that_kills_every_worker_goes_dead(manage: Manage) -> None:
     for message_id in healthy:
         store_effect(message_id)
 
-    kills = 0
-    for _ in range(10):  # a bound, not a schedule: the run must end well before it
-        proc = manage("inbox_process", "--consumer", "effects", "--until-idle", "4")
-        _, err = proc.communicate(timeout=120)
-        if proc.returncode == -signal.SIGKILL:
-            kills += 1
-            continue
-        assert proc.returncode == 0, err
-        break
+    kills = restart_until_it_survives(
+        lambda: manage("inbox_process", "--consumer", "effects", "--until-idle", "4"), bound=10
+    )
 
     poison = InboxMessage.objects.get(message_id="poison")
     print(f"poison message: kills={kills} status={poison.status} attempts={poison.attempts}")

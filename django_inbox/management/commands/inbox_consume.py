@@ -9,7 +9,7 @@ from ...conf import inbox_settings
 from ...consumer.loop import AckMode, BrokerConsumer, BrokerMisconfigured
 from ...registry import registry
 from .inbox_process import Command as ProcessCommand
-from .inbox_process import seconds
+from .inbox_process import add_stop_options
 
 
 class Command(ProcessCommand):
@@ -80,16 +80,7 @@ class Command(ProcessCommand):
                 "per transaction."
             ),
         )
-        parser.add_argument(
-            "--max-messages", type=int, default=None, help="Exit after this many messages."
-        )
-        parser.add_argument(
-            "--until-idle",
-            type=seconds,
-            default=None,
-            metavar="SECONDS",
-            help="Exit 0 once no message arrived for this long.",
-        )
+        add_stop_options(parser, "broker messages")
 
     def handle(self, *args: Any, **options: Any) -> None:
         consumer: str = options["consumer"]

@@ -22,6 +22,20 @@ def seconds(value: str) -> float:
         raise ArgumentTypeError(str(exc)) from None
 
 
+def add_stop_options(parser: CommandParser, what: str) -> None:
+    """``--max-messages`` and ``--until-idle``, shared by the long-running commands."""
+    parser.add_argument(
+        "--max-messages", type=int, default=None, help=f"Exit after handling this many {what}."
+    )
+    parser.add_argument(
+        "--until-idle",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help=f"Exit 0 once no {what[:-1]} came for this long (0: as soon as none is waiting).",
+    )
+
+
 class Command(BaseCommand):
     help = (
         "Process stored inbox messages: new ones, failed ones due for retry, and ones whose "
@@ -51,16 +65,7 @@ class Command(BaseCommand):
             default=None,
             help="Rows claimed per query (INBOX_BATCH_SIZE).",
         )
-        parser.add_argument(
-            "--max-messages", type=int, default=None, help="Exit after handling this many."
-        )
-        parser.add_argument(
-            "--until-idle",
-            type=seconds,
-            default=None,
-            metavar="SECONDS",
-            help="Exit 0 once nothing was due for this long (0: as soon as drained).",
-        )
+        add_stop_options(parser, "due messages")
         parser.add_argument(
             "--commit-every",
             type=int,
