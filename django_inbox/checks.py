@@ -52,13 +52,20 @@ def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
             )
         )
     seconds: dict[str, float] = {}
-    for key in ("backoff_base", "backoff_max", "lease", "retention"):
+    for key in ("backoff_base", "backoff_max", "lease", "retention", "redelivery_window"):
         if key not in values:
             continue
         try:
             seconds[key] = to_seconds(values[key])
         except ValueError as exc:
             errors.append(Error(f"{where} {key}: {exc}.", id="django_inbox.E003"))
+    if values.get("dead_retention") is not None:
+        try:
+            to_seconds(values["dead_retention"])
+        except ValueError as exc:
+            errors.append(
+                Error(f"{where} dead_retention: {exc} (or None).", id="django_inbox.E003")
+            )
     if "backoff_base" in seconds and seconds["backoff_base"] <= 0:
         errors.append(
             Error(f"{where} backoff base must be more than zero seconds.", id="django_inbox.E003")
@@ -137,6 +144,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         to_seconds(_setting("INBOX_POLL_INTERVAL"))
     except ValueError as exc:
         errors.append(Error(f"INBOX_POLL_INTERVAL: {exc}.", id="django_inbox.E010"))
+    try:
+        to_seconds(_setting("INBOX_MAX_PENDING_AGE"))
+    except ValueError as exc:
+        errors.append(Error(f"INBOX_MAX_PENDING_AGE: {exc}.", id="django_inbox.E014"))
+    if not errors:
+        errors.extend(_retention_warnings(consumers))
     broker_url = _setting("INBOX_BROKER_URL")
     if broker_url is not None and (not isinstance(broker_url, str) or "://" not in broker_url):
         errors.append(
@@ -168,6 +181,53 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 Error(f"{name} must be a positive integer, got {value!r}.", id="django_inbox.E007")
             )
     return errors
+
+
+def retry_horizon(consumer: str) -> float:
+    """Seconds from a message's first attempt to its last, at worst: every backoff at its
+    ceiling and every attempt running until its lease expires."""
+    from .retry import RetryPolicy
+
+    handlers = [h for h in registry if h.consumer == consumer] or [None]
+    horizon = 0.0
+    for handler in handlers:
+        policy = RetryPolicy.for_handler(consumer, handler)
+        waits = sum(policy.ceiling(attempt) for attempt in range(1, policy.max_attempts))
+        horizon = max(horizon, waits + policy.max_attempts * policy.lease)
+    return horizon
+
+
+def _retention_warnings(consumers: dict[str, Any]) -> list[CheckMessage]:
+    """W003: completed rows purged before a late duplicate can still arrive."""
+    from .conf import inbox_settings
+
+    warnings: list[CheckMessage] = []
+    names = [None, *sorted(set(consumers) | set(registry.consumers()))]
+    for name in names:
+        own = consumers.get(name) or {} if name is not None else {}
+        if warnings and name is not None and not {"retention", "redelivery_window"} & set(own):
+            continue  # already warned about the global retention this consumer uses
+        policy = inbox_settings.policy(name or "")
+        horizon = policy.redelivery_window + retry_horizon(name or "")
+        if policy.retention < horizon:
+            where = "INBOX_RETENTION" if name is None else f"consumer {name!r}: retention"
+            warnings.append(
+                Warning(
+                    f"{where} ({_days(policy.retention)}) is shorter than the window in which "
+                    f"a duplicate can still arrive ({_days(horizon)}: INBOX_REDELIVERY_WINDOW "
+                    "plus the longest retry schedule). inbox_purge would delete rows a late "
+                    "duplicate needs, and that duplicate would be processed again.",
+                    hint="Raise the retention, or lower INBOX_REDELIVERY_WINDOW if your brokers "
+                    "and producers cannot redeliver that late.",
+                    obj=name or "INBOX_RETENTION",
+                    id="django_inbox.W003",
+                )
+            )
+    return warnings
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:.1f} days" if seconds >= 86400 else f"{seconds:.0f}s"
 
 
 @register(Tags.database)

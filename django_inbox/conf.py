@@ -21,7 +21,10 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_BACKOFF_MAX": 3600.0,
     "INBOX_LEASE": 300.0,
     "INBOX_RETENTION": 30 * 86400.0,
-    "INBOX_ALLOW_REPLAY_COMPLETED": False,
+    "INBOX_DEAD_RETENTION": None,
+    "INBOX_REDELIVERY_WINDOW": 7 * 86400.0,
+    "INBOX_MAX_PENDING_AGE": 300.0,
+    "INBOX_ALLOW_REPLAY_COMPLETED": True,
     "INBOX_COMMIT_EVERY": 1,
     "INBOX_CONSUMERS": {},
     "INBOX_MAX_PAYLOAD_BYTES": 1024 * 1024,
@@ -43,6 +46,8 @@ POLICY_KEYS: dict[str, str] = {
     "backoff_max": "INBOX_BACKOFF_MAX",
     "lease": "INBOX_LEASE",
     "retention": "INBOX_RETENTION",
+    "dead_retention": "INBOX_DEAD_RETENTION",
+    "redelivery_window": "INBOX_REDELIVERY_WINDOW",
     "allow_replay_completed": "INBOX_ALLOW_REPLAY_COMPLETED",
     "commit_every": "INBOX_COMMIT_EVERY",
 }
@@ -61,6 +66,10 @@ class Policy:
     retention: float
     allow_replay_completed: bool
     commit_every: int
+    #: How long ``dead`` rows are kept; ``None``: until an operator replays or purges them.
+    dead_retention: float | None = None
+    #: How long after processing a duplicate may still arrive (broker, producer, replays).
+    redelivery_window: float = 7 * 86400.0
 
 
 class InboxSettings:
@@ -103,6 +112,19 @@ class InboxSettings:
     @property
     def retention(self) -> float:
         return to_seconds(self._get("INBOX_RETENTION"))
+
+    @property
+    def dead_retention(self) -> float | None:
+        value = self._get("INBOX_DEAD_RETENTION")
+        return None if value is None else to_seconds(value)
+
+    @property
+    def redelivery_window(self) -> float:
+        return to_seconds(self._get("INBOX_REDELIVERY_WINDOW"))
+
+    @property
+    def max_pending_age(self) -> float:
+        return to_seconds(self._get("INBOX_MAX_PENDING_AGE"))
 
     @property
     def allow_replay_completed(self) -> bool:
@@ -171,6 +193,10 @@ class InboxSettings:
             retention=to_seconds(values["retention"]),
             allow_replay_completed=bool(values["allow_replay_completed"]),
             commit_every=int(values["commit_every"]),
+            dead_retention=(
+                None if values["dead_retention"] is None else to_seconds(values["dead_retention"])
+            ),
+            redelivery_window=to_seconds(values["redelivery_window"]),
         )
 
 

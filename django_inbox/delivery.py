@@ -285,6 +285,7 @@ def _deliver_redelivered(row: NewRow, using: str) -> Outcome:
         at=now,
         outcome=Status.FAILED,
         error_type="LostAttempt",
+        retry_at=now,
         message=(
             "the broker redelivered a message the inbox had no record of: an earlier "
             "delivery ended before committing (the process died or the connection dropped)"
@@ -302,11 +303,13 @@ def _record_first_failure(row: NewRow, exc: Exception, handler: Handler, using: 
     now = timezone.now()
     policy = RetryPolicy.for_handler(row.consumer, handler)
     status, delay = failure_outcome(exc, 1, policy)
-    entry = history.error_entry(exc, attempt=1, at=now, outcome=status)
+    row.next_attempt_at = None if delay is None else now + timedelta(seconds=delay)
+    entry = history.error_entry(
+        exc, attempt=1, at=now, outcome=status, retry_at=row.next_attempt_at
+    )
     row.status, row.attempts, row.processed_at = status, 1, None
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
-    row.next_attempt_at = None if delay is None else now + timedelta(seconds=delay)
     if insert_row(row, now, using) is None:
         # A concurrent delivery stored it while ours rolled back; report that one's state.
         return _deliver_existing(row, using, again=False)

@@ -1,4 +1,8 @@
-"""Entries of a row's ``history``: one per failed attempt and per operator action."""
+"""Entries of a row's ``history``: one per failed attempt and per operator action.
+
+Every entry is a JSON object with ``kind`` (``"error"``, ``"reclaim"``, ``"replay"``,
+``"park"``, ``"retry"``), ``at`` (ISO 8601) and fields of its kind.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from .exceptions import HandlerOutcome
 MAX_ENTRIES = 100
 MAX_MESSAGE = 2000
 MAX_TRACEBACK = 8000
+MAX_ACTOR = 150
 
 
 def error_entry(
@@ -21,8 +26,12 @@ def error_entry(
     outcome: str,
     error_type: str | None = None,
     message: str | None = None,
+    retry_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """Describe a failed attempt. Tracebacks keep their last lines, where the error is."""
+    """Describe a failed attempt. Tracebacks keep their last lines, where the error is.
+
+    ``retry_at`` is when the next attempt was scheduled (``failed`` outcomes only).
+    """
     if exc is not None:
         error_type = error_type or type(exc).__name__
         message = message if message is not None else _message(exc)
@@ -40,6 +49,7 @@ def error_entry(
         "message": (message or "")[:MAX_MESSAGE],
         "traceback": tb[-MAX_TRACEBACK:],
         "outcome": outcome,
+        "retry_at": retry_at.isoformat() if retry_at is not None else None,
     }
 
 
@@ -61,3 +71,25 @@ def append(history: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[st
     if len(entries) > MAX_ENTRIES:
         entries = [entries[0], *entries[-(MAX_ENTRIES - 1) :]]
     return entries
+
+
+def action_entry(
+    kind: str,
+    *,
+    at: datetime,
+    actor: str,
+    reason: str,
+    previous_status: str,
+    attempts: int,
+    via: str,
+) -> dict[str, Any]:
+    """Describe an operator action (replay, park, retry now) on a row: who, what, when, why."""
+    return {
+        "kind": kind,
+        "at": at.isoformat(),
+        "by": actor[:MAX_ACTOR],
+        "via": via,
+        "reason": reason[:MAX_MESSAGE],
+        "from": previous_status,
+        "attempts": attempts,
+    }

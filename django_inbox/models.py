@@ -15,6 +15,8 @@ from django.utils.translation import gettext_lazy as _
 #: so one indexed predicate (``status IN … AND next_attempt_at <= now``) finds every row
 #: that needs a worker: new, due for retry, or abandoned by a dead worker.
 POLLED_STATUSES = ("received", "failed", "in_progress")
+#: Statuses that wait for an operator (or, for ``dead``, a purge with a dead retention).
+ATTENTION_STATUSES = ("dead", "parked")
 
 
 class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
@@ -43,8 +45,9 @@ class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
 
     def stale(self, now: datetime | None = None) -> InboxMessageQuerySet:
         """``in_progress`` rows whose lease has expired: their worker died or hangs."""
+        # For in_progress rows next_attempt_at equals locked_until, and is indexed.
         return self.filter(
-            status=InboxMessage.Status.IN_PROGRESS, locked_until__lt=now or timezone.now()
+            status=InboxMessage.Status.IN_PROGRESS, next_attempt_at__lt=now or timezone.now()
         )
 
 
@@ -101,6 +104,13 @@ class InboxMessage(models.Model):
                 fields=["consumer", "next_attempt_at", "id"],
                 condition=Q(status__in=POLLED_STATUSES),
                 name="django_inbox_polled_idx",
+            ),
+            # Dead and parked rows are few and are what operators look for: counted by
+            # inbox_stats, listed by the admin, selected by inbox_replay and inbox_purge.
+            models.Index(
+                fields=["consumer", "updated_at"],
+                condition=Q(status__in=ATTENTION_STATUSES),
+                name="django_inbox_attention_idx",
             ),
         ]
         permissions = [

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F, Min
+from django.db.models import F
 from django.utils import timezone
 
 from . import history
@@ -24,6 +24,7 @@ from .conf import inbox_settings
 from .exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted
 from .models import POLLED_STATUSES, InboxMessage
 from .outcomes import Outcome
+from .recovery import SHARED_TRANSACTION, record_abandoned_attempt, release_unstarted, split_blame
 from .registry import Handler, registry
 from .retry import RetryPolicy
 from .storage import complete_row, transaction_aborted
@@ -37,10 +38,6 @@ def no_handler_reason(consumer: str, event_type: str) -> str:
         f"no handler is registered for event type {event_type!r} in consumer {consumer!r}; "
         "replay the message once one exists"
     )
-
-
-#: Marks the lease of a batch whose handlers run in one transaction (see :func:`process_batch`).
-SHARED_TRANSACTION = "b:"
 
 
 def claim_batch(
@@ -170,74 +167,19 @@ _CLAIM_FIELDS = (
 def _take_over(abandoned: list[InboxMessage], now: datetime, using: str) -> set[int]:
     """Prepare rows whose lease expired for a new claim; return the pks not to claim.
 
-    A worker runs its batch in primary-key order, and every row it finishes leaves
-    ``in_progress``. So of the rows still holding a dead worker's lease, only the lowest pk
-    was running when it died: that attempt counts (recorded as ``LeaseExpired``; ``dead`` once
-    attempts are exhausted). The others never started: their claim is not counted against
-    them, so one poison message cannot use up its batch-mates' attempts.
-
-    A batch run in one shared transaction committed nothing, so no row of it can be blamed:
-    none is counted, and the new claim runs them one transaction each, which finds the
-    culprit the next time it strikes.
+    Only the row that was running when its worker died has its attempt counted (see
+    :func:`~django_inbox.recovery.split_blame`); it is claimed again at once unless that
+    used up its attempts. Its batch-mates lose the attempt their dead claim counted.
     """
+    blamed, innocent = split_blame(abandoned, using)
     rows = InboxMessage.objects.using(using)
-    leases = {row.lease_id for row in abandoned}
-    running = dict(
-        rows.filter(status=Status.IN_PROGRESS, lease_id__in=leases)
-        .values("lease_id")
-        .annotate(first=Min("pk"))
-        .values_list("lease_id", "first")
-    )
-    dropped: set[int] = set()
-    for row in abandoned:
-        shared = row.lease_id.startswith(SHARED_TRANSACTION)
-        if shared or running.get(row.lease_id) != row.pk:
-            rows.filter(pk=row.pk).update(attempts=F("attempts") - 1)
-            continue
-        if not _record_abandoned_attempt(row, now, using):
-            dropped.add(row.pk)
-    return dropped
-
-
-def _record_abandoned_attempt(row: InboxMessage, now: datetime, using: str) -> bool:
-    """Record that the worker running ``row`` died or hung; return whether to retry it."""
-    policy = RetryPolicy.for_handler(row.consumer, registry.get(row.consumer, row.event_type))
-    dead = row.attempts >= policy.max_attempts
-    entry = history.error_entry(
-        None,
-        attempt=row.attempts,
-        at=now,
-        outcome=Status.DEAD if dead else Status.FAILED,
-        error_type="LeaseExpired",
-        message=(
-            f"attempt {row.attempts} did not finish within its lease: the worker died or hung"
-            + (f"; giving up after {row.attempts} attempts" if dead else "")
-        ),
-    )
-    changes: dict[str, Any] = {
-        "history": history.append(row.history, entry),
-        "last_error": history.summary(entry),
-        "updated_at": now,
+    for row in innocent:
+        rows.filter(pk=row.pk).update(attempts=F("attempts") - 1)
+    return {
+        row.pk
+        for row in blamed
+        if record_abandoned_attempt(row, now, using, retry_now=True) == Status.DEAD
     }
-    if dead:
-        changes.update(status=Status.DEAD, next_attempt_at=None, locked_until=None, lease_id="")
-        logger.error(
-            "inbox %s/%s %s went dead: its worker died or hung in each of %d attempts",
-            row.consumer,
-            row.event_type,
-            row.message_id,
-            row.attempts,
-        )
-    else:
-        logger.warning(
-            "inbox %s/%s %s attempt %d abandoned (lease expired); retrying",
-            row.consumer,
-            row.event_type,
-            row.message_id,
-            row.attempts,
-        )
-    InboxMessage.objects.using(using).filter(pk=row.pk).update(**changes)
-    return not dead
 
 
 def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outcome:
@@ -350,8 +292,10 @@ def record_failure(
     now = timezone.now()
     policy = RetryPolicy.for_handler(message.consumer, handler)
     status, delay = failure_outcome(exc, message.attempts, policy)
-    entry = history.error_entry(exc, attempt=message.attempts, at=now, outcome=status)
     next_attempt_at = None if delay is None else now + timedelta(seconds=delay)
+    entry = history.error_entry(
+        exc, attempt=message.attempts, at=now, outcome=status, retry_at=next_attempt_at
+    )
     with transaction.atomic(using=using):
         updated = (
             InboxMessage.objects.using(using)
@@ -405,19 +349,5 @@ def release(messages: list[InboxMessage], *, using: str | None = None) -> int:
     """Give back claimed rows that were never started (e.g. on shutdown), attempt uncounted."""
     using = using or inbox_settings.database
     now = timezone.now()
-    released = 0
     with transaction.atomic(using=using):
-        for message in messages:
-            released += (
-                InboxMessage.objects.using(using)
-                .filter(pk=message.pk, lease_id=message.lease_id, status=Status.IN_PROGRESS)
-                .update(
-                    status=Status.RECEIVED if message.attempts <= 1 else Status.FAILED,
-                    attempts=F("attempts") - 1,
-                    next_attempt_at=now,
-                    locked_until=None,
-                    lease_id="",
-                    updated_at=now,
-                )
-            )
-    return released
+        return sum(release_unstarted(message, now, using) for message in messages)

@@ -12,12 +12,8 @@ from django.utils import timezone
 
 from .conf import inbox_settings
 from .models import InboxMessage
-from .processing import (
-    SHARED_TRANSACTION,
-    claim_batch,
-    process_batch,
-    release,
-)
+from .processing import claim_batch, process_batch, release
+from .recovery import SHARED_TRANSACTION
 from .registry import registry
 from .shutdown import Shutdown
 

@@ -40,7 +40,7 @@ def test_defaults_when_nothing_is_set(bare_settings) -> None:  # type: ignore[no
     assert inbox_settings.backoff_max == 3600.0
     assert inbox_settings.lease == 300.0
     assert inbox_settings.retention == 30 * 86400.0
-    assert inbox_settings.allow_replay_completed is False
+    assert inbox_settings.allow_replay_completed is True
     assert inbox_settings.consumers == {}
     assert inbox_settings.max_payload_bytes == 1024 * 1024
     assert inbox_settings.handlers_module == "inbox_handlers"

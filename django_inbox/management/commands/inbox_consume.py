@@ -8,8 +8,8 @@ from django.core.management.base import CommandError, CommandParser
 from ...conf import inbox_settings
 from ...consumer.loop import AckMode, BrokerConsumer, BrokerMisconfigured
 from ...registry import registry
+from ..base import add_stop_options
 from .inbox_process import Command as ProcessCommand
-from .inbox_process import add_stop_options
 
 
 class Command(ProcessCommand):

@@ -1,55 +1,21 @@
 from __future__ import annotations
 
-from argparse import ArgumentTypeError
 from typing import Any
 
-from django.core.management.base import (
-    BaseCommand,
-    CommandError,
-    CommandParser,
-    SystemCheckError,
-)
+from django.core.management.base import CommandError, CommandParser
 
-from ...durations import to_seconds
 from ...registry import registry
 from ...worker import Worker
+from ..base import InboxCommand, add_stop_options, seconds
 
 
-def seconds(value: str) -> float:
-    try:
-        return to_seconds(value)
-    except ValueError as exc:
-        raise ArgumentTypeError(str(exc)) from None
-
-
-def add_stop_options(parser: CommandParser, what: str) -> None:
-    """``--max-messages`` and ``--until-idle``, shared by the long-running commands."""
-    parser.add_argument(
-        "--max-messages", type=int, default=None, help=f"Exit after handling this many {what}."
-    )
-    parser.add_argument(
-        "--until-idle",
-        type=seconds,
-        default=None,
-        metavar="SECONDS",
-        help=f"Exit 0 once no {what[:-1]} came for this long (0: as soon as none is waiting).",
-    )
-
-
-class Command(BaseCommand):
+class Command(InboxCommand):
     help = (
         "Process stored inbox messages: new ones, failed ones due for retry, and ones whose "
         "worker died. Runs until stopped (SIGTERM/SIGINT: finish the current message, give "
         "back the rest of the batch, exit 0; a second signal rolls back and exits 1). "
         "Exit codes: 0 stopped normally, 1 interrupted, 2 misconfigured."
     )
-
-    def check(self, *args: Any, **kwargs: Any) -> None:
-        # A worker must not start misconfigured, and says so with exit code 2.
-        try:
-            super().check(*args, **kwargs)
-        except SystemCheckError as exc:
-            raise SystemCheckError(str(exc), returncode=2) from None
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(

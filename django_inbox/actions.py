@@ -1,0 +1,236 @@
+"""Operator actions on stored rows: replay, park, retry now. Used by commands, tasks and admin.
+
+Every action changes rows in place (same row, same message id), only from the statuses it
+allows, and appends an entry to each row's ``history`` naming who did it, how, when and why.
+Rows are locked as they are changed and rows locked by someone else are skipped, so two
+operators (or an operator and a worker) acting at once never change a row twice.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from . import history
+from .conf import inbox_settings
+from .models import InboxMessage
+
+Status = InboxMessage.Status
+
+#: Statuses each action starts from.
+REPLAYABLE = (Status.DEAD, Status.PARKED)
+PARKABLE = (Status.RECEIVED, Status.FAILED, Status.DEAD)
+RETRYABLE = (Status.FAILED,)
+
+
+@dataclass
+class ActionResult:
+    """What an action did (or, with ``dry_run``, would do)."""
+
+    action: str
+    dry_run: bool = False
+    #: Rows changed, by the status they had.
+    changed: Counter[str] = field(default_factory=Counter)
+    #: Rows selected but left alone, by reason.
+    refused: Counter[str] = field(default_factory=Counter)
+    #: ``(pk, consumer, message_id, previous status)`` of the rows changed, first ``keep`` only.
+    rows: list[tuple[int, str, str, str]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.changed.values())
+
+
+def command_actor(command: str) -> str:
+    """Who runs a management command, for the history: ``user@host (command)``."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name (some containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()} ({command})"
+
+
+def select(
+    *,
+    pks: list[int] | None = None,
+    message_ids: list[str] | None = None,
+    consumer: str | None = None,
+    event_types: list[str] | None = None,
+    statuses: list[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet[InboxMessage]:
+    """Rows matching every criterion given. ``since``/``until`` apply to ``updated_at``:
+    when the row reached its current status (went dead, was parked, completed)."""
+    rows = InboxMessage.objects.using(inbox_settings.database).all()
+    if pks:
+        rows = rows.filter(pk__in=pks)
+    if message_ids:
+        rows = rows.filter(message_id__in=message_ids)
+    if consumer:
+        rows = rows.filter(consumer=consumer)
+    if event_types:
+        rows = rows.filter(event_type__in=event_types)
+    if statuses:
+        rows = rows.filter(status__in=statuses)
+    if since is not None:
+        rows = rows.filter(updated_at__gte=since)
+    if until is not None:
+        rows = rows.filter(updated_at__lt=until)
+    return rows
+
+
+def replay(
+    rows: QuerySet[InboxMessage],
+    *,
+    actor: str,
+    reason: str = "",
+    force: bool = False,
+    dry_run: bool = False,
+    via: str = "command",
+    batch_size: int = 500,
+    keep: int = 100,
+) -> ActionResult:
+    """Send ``dead`` and ``parked`` rows (and, with ``force``, ``completed`` ones) back to
+    ``received``, due now, with a fresh set of attempts and their history kept.
+
+    ``completed`` rows are refused unless ``force`` is given and the consumer's
+    ``allow_replay_completed`` policy is on: replaying one runs its handler, and its effects,
+    a second time. Rows in other statuses are refused: they are still being processed.
+    """
+    statuses: tuple[str, ...] = (*REPLAYABLE, Status.COMPLETED)
+
+    def decide(row: InboxMessage) -> str | None:
+        if row.status in REPLAYABLE:
+            return None
+        if not force:
+            return "completed (replaying it runs its handler again; needs --force)"
+        if not inbox_settings.policy(row.consumer).allow_replay_completed:
+            return f"completed, and consumer {row.consumer!r} sets allow_replay_completed=False"
+        return None
+
+    def change(row: InboxMessage, now: datetime) -> dict[str, Any]:
+        return {
+            "status": Status.RECEIVED,
+            "attempts": 0,
+            "next_attempt_at": now,
+            "locked_until": None,
+            "lease_id": "",
+            "processed_at": None,
+        }
+
+    return _act(
+        "replay", rows, statuses, decide, change, actor, reason, dry_run, via, batch_size, keep
+    )
+
+
+def park(
+    rows: QuerySet[InboxMessage],
+    *,
+    actor: str,
+    reason: str = "",
+    dry_run: bool = False,
+    via: str = "command",
+    batch_size: int = 500,
+    keep: int = 100,
+) -> ActionResult:
+    """Set ``received``, ``failed`` and ``dead`` rows aside as ``parked``: no worker takes them
+    until they are replayed. A row being processed (``in_progress``) cannot be parked."""
+
+    def change(row: InboxMessage, now: datetime) -> dict[str, Any]:
+        return {"status": Status.PARKED, "next_attempt_at": None}
+
+    return _act("park", rows, PARKABLE, None, change, actor, reason, dry_run, via, batch_size, keep)
+
+
+def retry_now(
+    rows: QuerySet[InboxMessage],
+    *,
+    actor: str,
+    reason: str = "",
+    dry_run: bool = False,
+    via: str = "command",
+    batch_size: int = 500,
+    keep: int = 100,
+) -> ActionResult:
+    """Make ``failed`` rows due now instead of after their backoff; attempts are kept."""
+
+    def change(row: InboxMessage, now: datetime) -> dict[str, Any]:
+        return {"next_attempt_at": now}
+
+    return _act(
+        "retry", rows, RETRYABLE, None, change, actor, reason, dry_run, via, batch_size, keep
+    )
+
+
+def _act(
+    action: str,
+    rows: QuerySet[InboxMessage],
+    statuses: tuple[str, ...],
+    decide: Any,
+    change: Any,
+    actor: str,
+    reason: str,
+    dry_run: bool,
+    via: str,
+    batch_size: int,
+    keep: int,
+) -> ActionResult:
+    using = inbox_settings.database
+    result = ActionResult(action=action, dry_run=dry_run)
+    other = rows.exclude(status__in=statuses).values_list("status").order_by()
+    for (status,) in other.distinct():
+        result.refused[f"{status} (cannot {action} from {status})"] += rows.filter(
+            status=status
+        ).count()
+    last_pk = 0
+    while True:
+        with transaction.atomic(using=using):
+            batch = list(
+                rows.using(using)
+                .filter(status__in=statuses, pk__gt=last_pk)
+                .only("pk", "consumer", "message_id", "status", "attempts", "history")
+                .order_by("pk")
+                .select_for_update(skip_locked=True)[:batch_size]
+            )
+            if not batch:
+                return result
+            last_pk = batch[-1].pk
+            now = timezone.now()
+            for row in batch:
+                refusal = decide(row) if decide is not None else None
+                if refusal is not None:
+                    result.refused[refusal] += 1
+                    continue
+                if not dry_run:
+                    entry = history.action_entry(
+                        action,
+                        at=now,
+                        actor=actor,
+                        reason=reason,
+                        previous_status=row.status,
+                        attempts=row.attempts,
+                        via=via,
+                    )
+                    updated = (
+                        InboxMessage.objects.using(using)
+                        .filter(pk=row.pk, status=row.status)
+                        .update(
+                            **change(row, now),
+                            history=history.append(row.history, entry),
+                            updated_at=now,
+                        )
+                    )
+                    if not updated:
+                        continue
+                result.changed[row.status] += 1
+                if len(result.rows) < keep:
+                    result.rows.append((row.pk, row.consumer, row.message_id, row.status))

@@ -1,0 +1,64 @@
+"""What the inbox's management commands share: exit codes, durations, times, stop options."""
+
+from __future__ import annotations
+
+from argparse import ArgumentTypeError
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser, SystemCheckError
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from ..durations import to_seconds
+
+#: Exit code of a command that is misconfigured (system check error, bad argument).
+MISCONFIGURED = 2
+
+
+def seconds(value: str) -> float:
+    """argparse type: a duration such as ``30``, ``500ms``, ``5m``, ``30d``."""
+    try:
+        return to_seconds(value)
+    except ValueError as exc:
+        raise ArgumentTypeError(str(exc)) from None
+
+
+def moment(value: str) -> datetime:
+    """argparse type: an ISO 8601 time (UTC unless it says otherwise), or a duration ago."""
+    parsed = parse_datetime(value)
+    if parsed is None:
+        try:
+            return timezone.now() - timedelta(seconds=to_seconds(value))
+        except ValueError:
+            raise ArgumentTypeError(
+                f"{value!r} is neither an ISO 8601 time (2026-11-21T03:00) nor a duration "
+                "ago (90m, 2h)"
+            ) from None
+    if timezone.is_naive(parsed):
+        parsed = timezone.make_aware(parsed, UTC)
+    return parsed
+
+
+def add_stop_options(parser: CommandParser, what: str) -> None:
+    """``--max-messages`` and ``--until-idle``, shared by the long-running commands."""
+    parser.add_argument(
+        "--max-messages", type=int, default=None, help=f"Exit after handling this many {what}."
+    )
+    parser.add_argument(
+        "--until-idle",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help=f"Exit 0 once no {what[:-1]} came for this long (0: as soon as none is waiting).",
+    )
+
+
+class InboxCommand(BaseCommand):
+    """Base of the inbox's commands: a system check error exits 2 (misconfigured)."""
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().check(*args, **kwargs)
+        except SystemCheckError as exc:
+            raise SystemCheckError(str(exc), returncode=MISCONFIGURED) from None

@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import time
+from argparse import ArgumentTypeError
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from ...models import InboxMessage
+from ...purge import PURGEABLE, PurgeProgress, purge
+from ..base import MISCONFIGURED, InboxCommand, seconds
+
+#: Seconds between progress lines on a long run.
+PROGRESS_EVERY = 5.0
+
+
+def purgeable_status(value: str) -> str:
+    if value in PURGEABLE:
+        return value
+    if value in InboxMessage.Status.values:
+        raise ArgumentTypeError(
+            f"{value} rows are never purged: they are still to be processed or wait for an "
+            f"operator. Purgeable: {', '.join(PURGEABLE)}"
+        )
+    raise ArgumentTypeError(f"unknown status {value!r}; purgeable: {', '.join(PURGEABLE)}")
+
+
+class Command(InboxCommand):
+    help = (
+        "Delete completed rows older than their retention (INBOX_RETENTION), and dead rows "
+        "older than INBOX_DEAD_RETENTION if set, in short batches. Never deletes received, "
+        "in_progress, failed or parked rows. A duplicate of a purged message is processed "
+        "again. Exit codes: 0 done, 2 misconfigured."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--older-than",
+            type=seconds,
+            default=None,
+            metavar="DURATION",
+            help="Delete rows older than this (e.g. 30d) instead of each consumer's retention.",
+        )
+        parser.add_argument(
+            "--status",
+            type=purgeable_status,
+            action="append",
+            dest="statuses",
+            default=[],
+            help=(
+                "completed or dead; repeat for both. Default: both (dead only if a dead "
+                "retention is set or --older-than is given)."
+            ),
+        )
+        parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=1000,
+            help="Rows deleted per transaction (1000). Smaller batches hold locks for less time.",
+        )
+        parser.add_argument(
+            "--pause",
+            type=seconds,
+            default=0.0,
+            metavar="DURATION",
+            help="Sleep between batches, to go easy on a busy database (default 0).",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["batch_size"] < 1:
+            raise CommandError("--batch-size must be at least 1.", returncode=MISCONFIGURED)
+        statuses = tuple(dict.fromkeys(options["statuses"])) or tuple(PURGEABLE)
+        verbosity = options["verbosity"]
+        last_report = time.monotonic()
+
+        def report(progress: PurgeProgress) -> None:
+            nonlocal last_report
+            if verbosity >= 1 and time.monotonic() - last_report >= PROGRESS_EVERY:
+                last_report = time.monotonic()
+                self.stdout.write(
+                    f"inbox_purge: {progress.deleted:,} rows deleted in {progress.batches:,} "
+                    f"batches, {progress.elapsed:.0f}s, {progress.rate:,.0f} rows/s"
+                )
+
+        result = purge(
+            statuses=statuses,
+            older_than=options["older_than"],
+            consumer=options["consumer"],
+            batch_size=options["batch_size"],
+            dry_run=options["dry_run"],
+            progress=report,
+            pause=options["pause"],
+        )
+        if verbosity < 1:
+            return
+        for status in result.skipped:
+            self.stdout.write(
+                f"inbox_purge: {status} rows kept: no retention applies to them "
+                "(set INBOX_DEAD_RETENTION or give --older-than)"
+            )
+        counts = ", ".join(f"{n:,} {status}" for status, n in result.deleted.items()) or "nothing"
+        if result.dry_run:
+            self.stdout.write(f"inbox_purge: would delete {counts}")
+        else:
+            self.stdout.write(
+                f"inbox_purge: deleted {counts} in {result.batches:,} batches, "
+                f"{result.elapsed:.1f}s ({result.rate:,.0f} rows/s)"
+            )

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from ...recovery import reclaim
+from ..base import MISCONFIGURED, InboxCommand, seconds
+
+
+class Command(InboxCommand):
+    help = (
+        "Recover messages left in_progress by a worker that died or hangs (their lease "
+        "expired): the running one becomes failed, its attempt counted (dead past its "
+        "max_attempts); batch-mates that never started go back to due, uncounted. Never "
+        "touches a row whose lease is still live. Exit codes: 0 done, 2 misconfigured."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")
+        parser.add_argument(
+            "--older-than",
+            type=seconds,
+            default=0.0,
+            metavar="DURATION",
+            help=(
+                "Only rows claimed at least this long ago (e.g. 5m), in addition to their "
+                "lease having expired. Default 0: every expired lease."
+            ),
+        )
+        parser.add_argument(
+            "--batch-size", type=int, default=500, help="Rows per transaction (500)."
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Print what would be reclaimed; change nothing."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["batch_size"] < 1:
+            raise CommandError("--batch-size must be at least 1.", returncode=MISCONFIGURED)
+        result = reclaim(
+            consumer=options["consumer"],
+            older_than=options["older_than"],
+            dry_run=options["dry_run"],
+            batch_size=options["batch_size"],
+        )
+        verbosity = options["verbosity"]
+        if verbosity >= 2:
+            for consumer, message_id, status in result.rows:
+                self.stdout.write(f"{consumer} {message_id} -> {status}")
+        if verbosity >= 1:
+            verb = "would reclaim" if options["dry_run"] else "reclaimed"
+            self.stdout.write(
+                f"inbox_reclaim: {verb} {result.total} row(s): {result.failed} failed "
+                f"(retried after backoff), {result.dead} dead, {result.released} released "
+                "unstarted"
+            )

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from argparse import ArgumentTypeError
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from ...actions import REPLAYABLE, command_actor, replay, select
+from ...models import InboxMessage
+from ..base import MISCONFIGURED, InboxCommand, moment
+
+SELECTABLE = (*REPLAYABLE, InboxMessage.Status.COMPLETED)
+
+
+def replayable_status(value: str) -> str:
+    if value in SELECTABLE:
+        return value
+    raise ArgumentTypeError(
+        f"{value!r} cannot be replayed; choose from {', '.join(SELECTABLE)} (failed rows are "
+        "retried on their own; received and in_progress ones are being processed)"
+    )
+
+
+class Command(InboxCommand):
+    help = (
+        "Send dead and parked messages (and, with --force, completed ones) back to received: "
+        "the same row and message id, a fresh set of attempts, history kept and the replay "
+        "recorded in it. Select by id, message id, consumer, event type, status and time. "
+        "Exit codes: 0 done (or nothing matched), 1 some selected rows were refused, "
+        "2 misconfigured."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--id", type=int, action="append", dest="pks", default=[], help="Row id; repeatable."
+        )
+        parser.add_argument(
+            "--message-id",
+            action="append",
+            dest="message_ids",
+            default=[],
+            help="Message id; repeatable.",
+        )
+        parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")
+        parser.add_argument(
+            "--event-type",
+            action="append",
+            dest="event_types",
+            default=[],
+            help="Event type; repeatable.",
+        )
+        parser.add_argument(
+            "--status",
+            type=replayable_status,
+            action="append",
+            dest="statuses",
+            default=[],
+            help="dead, parked or completed; repeatable. Default: dead and parked.",
+        )
+        parser.add_argument(
+            "--since",
+            type=moment,
+            default=None,
+            metavar="TIME",
+            help=(
+                "Only rows that reached their status (went dead, were parked, completed) at or "
+                "after TIME: ISO 8601 (UTC unless it says otherwise) or a duration ago (2h)."
+            ),
+        )
+        parser.add_argument(
+            "--until", type=moment, default=None, metavar="TIME", help="… and before TIME."
+        )
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help=(
+                "Also replay completed rows: their handlers run, and their effects apply, "
+                "again. Needs --reason."
+            ),
+        )
+        parser.add_argument("--reason", default="", help="Why; recorded in each row's history.")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Print what would be replayed; change nothing."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["force"] and not options["reason"].strip():
+            raise CommandError(
+                "--force re-runs completed messages; say why with --reason.",
+                returncode=MISCONFIGURED,
+            )
+        rows = select(
+            pks=options["pks"],
+            message_ids=options["message_ids"],
+            consumer=options["consumer"],
+            event_types=options["event_types"],
+            statuses=options["statuses"] or list(REPLAYABLE),
+            since=options["since"],
+            until=options["until"],
+        )
+        result = replay(
+            rows,
+            actor=command_actor("inbox_replay"),
+            reason=options["reason"].strip(),
+            force=options["force"],
+            dry_run=options["dry_run"],
+            via="command",
+        )
+        verbosity = options["verbosity"]
+        if verbosity >= 2 or (options["dry_run"] and verbosity >= 1):
+            for pk, consumer, message_id, status in result.rows:
+                self.stdout.write(f"{pk} {consumer} {message_id} ({status})")
+            if result.total > len(result.rows):
+                self.stdout.write(f"… and {result.total - len(result.rows):,} more")
+        if verbosity >= 1:
+            verb = "would replay" if options["dry_run"] else "replayed"
+            counts = ", ".join(f"{s} {n:,}" for s, n in sorted(result.changed.items()))
+            self.stdout.write(
+                f"inbox_replay: {verb} {result.total:,} row(s)" + (f" ({counts})" if counts else "")
+            )
+        if result.refused:
+            refused = "; ".join(f"{n:,} {why}" for why, n in sorted(result.refused.items()))
+            raise CommandError(f"refused {refused}", returncode=1)

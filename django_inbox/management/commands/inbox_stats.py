@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+from django.db import DatabaseError
+
+from ...stats import PROBLEM_KINDS, STATUSES, InboxStats, collect
+from ..base import MISCONFIGURED, InboxCommand, seconds
+
+#: Exit code when problems were found.
+PROBLEMS = 1
+
+
+class Command(InboxCommand):
+    help = (
+        "Count inbox rows per consumer and status and report problems: dead rows, stuck rows "
+        "(in progress past their lease) and due rows waiting longer than "
+        "INBOX_MAX_PENDING_AGE. Exit codes: 0 healthy, 1 problems found, 2 misconfigured "
+        "(system check error, database or inbox table unreachable)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--consumer", default=None, help="Only this consumer.")
+        parser.add_argument("--json", action="store_true", help="Print JSON (for scripts).")
+        parser.add_argument(
+            "--max-pending-age",
+            type=seconds,
+            default=None,
+            metavar="DURATION",
+            help="A due row waiting longer than this is a problem (INBOX_MAX_PENDING_AGE, 5m).",
+        )
+        parser.add_argument(
+            "--ignore",
+            action="append",
+            choices=PROBLEM_KINDS,
+            default=[],
+            help="Don't count this kind of problem; repeatable.",
+        )
+        parser.add_argument(
+            "--exact",
+            action="store_true",
+            help="Count completed rows even on a large table (otherwise estimated above 1M).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            stats = collect(
+                consumer=options["consumer"],
+                max_pending_age=options["max_pending_age"],
+                ignore=tuple(options["ignore"]),
+                exact=options["exact"],
+            )
+        except DatabaseError as exc:
+            raise CommandError(
+                f"cannot read the inbox table ({exc.__class__.__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); is the "
+                "database up and are migrations applied?",
+                returncode=MISCONFIGURED,
+            ) from None
+        if options["json"]:
+            self.stdout.write(json.dumps(stats.as_dict(), indent=2, default=str))
+        elif options["verbosity"] >= 1:
+            self.stdout.write(render(stats))
+        if stats.problems:
+            raise CommandError(f"{len(stats.problems)} problem(s) found", returncode=PROBLEMS)
+
+
+def _age(seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def render(stats: InboxStats) -> str:
+    """The human table ``inbox_stats`` prints."""
+    headers = ["consumer", *STATUSES, "stuck", "oldest due"]
+    table: list[list[str]] = []
+    for name, consumer in sorted(stats.consumers.items()):
+        counts = [
+            "~" if consumer.counts[s] is None else f"{consumer.counts[s]:,}" for s in STATUSES
+        ]
+        table.append([name, *counts, f"{consumer.stuck:,}", _age(consumer.oldest_pending_age)])
+    totals = stats.totals()
+    completed = ("~" if stats.completed_estimated else "") + f"{stats.completed_total:,}"
+    table.append(
+        [
+            "(all)",
+            *[completed if s == "completed" else f"{totals[s]:,}" for s in STATUSES],
+            f"{sum(c.stuck for c in stats.consumers.values()):,}",
+            _age(max((c.oldest_pending_age for c in stats.consumers.values()), default=0)),
+        ]
+    )
+    widths = [max(len(row[i]) for row in [headers, *table]) for i in range(len(headers))]
+    lines = [
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in [headers, *table]
+    ]
+    if stats.completed_estimated:
+        lines.append("~ completed rows estimated from the table size; --exact counts them")
+    if stats.problems:
+        lines.append("")
+        lines.append(f"PROBLEMS ({len(stats.problems)}):")
+        lines.extend(f"  - {problem.message}" for problem in stats.problems)
+    else:
+        lines.append("")
+        lines.append("healthy")
+    return "\n".join(lines)

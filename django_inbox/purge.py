@@ -1,0 +1,191 @@
+"""``purge()`` behind ``inbox_purge``: delete finished rows once their retention has passed.
+
+Only ``completed`` rows (by ``processed_at``) and ``dead`` rows (by ``updated_at``, only when
+a dead retention is set or an age is given) are ever deleted. Rows still to be processed or
+set aside for an operator (``received``, ``in_progress``, ``failed``, ``parked``) never are.
+
+Deletion walks the table in primary-key order, one short transaction per batch
+(``DELETE … WHERE id IN (SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED)``), so it never
+holds locks for long, never waits for a row someone else holds, and each batch starts where
+the previous one ended instead of rescanning what was already deleted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from .conf import inbox_settings
+from .models import InboxMessage
+
+Status = InboxMessage.Status
+
+#: The statuses :func:`purge` may delete, and the column their age is measured from.
+PURGEABLE = {Status.COMPLETED: "processed_at", Status.DEAD: "updated_at"}
+
+
+@dataclass
+class PurgeProgress:
+    """Where a running purge is; passed to the ``progress`` callback after every batch."""
+
+    deleted: int
+    batches: int
+    elapsed: float
+
+    @property
+    def rate(self) -> float:
+        """Rows deleted per second so far."""
+        return self.deleted / self.elapsed if self.elapsed > 0 else 0.0
+
+
+@dataclass
+class PurgeResult:
+    """What :func:`purge` deleted (or, with ``dry_run``, would delete), per status."""
+
+    deleted: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+    elapsed: float = 0.0
+    dry_run: bool = False
+    #: Statuses skipped because no retention applies to them (``dead`` without a dead retention).
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.deleted.values())
+
+    @property
+    def rate(self) -> float:
+        return self.total / self.elapsed if self.elapsed > 0 else 0.0
+
+
+def _retention(status: str, consumer: str | None) -> float | None:
+    """The retention of ``status`` rows of ``consumer`` (``None``: the global setting)."""
+    if consumer is None:
+        completed, dead = inbox_settings.retention, inbox_settings.dead_retention
+    else:
+        policy = inbox_settings.policy(consumer)
+        completed, dead = policy.retention, policy.dead_retention
+    return completed if status == Status.COMPLETED else dead
+
+
+def expired(
+    status: str,
+    *,
+    older_than: float | None = None,
+    consumer: str | None = None,
+    now: datetime | None = None,
+) -> Any:
+    """The rows of ``status`` whose retention has passed, or ``None`` if none can expire.
+
+    ``older_than`` (seconds) replaces every consumer's retention. Otherwise each consumer's
+    own retention applies (``INBOX_CONSUMERS[name]["retention"]`` / ``["dead_retention"]``
+    over ``INBOX_RETENTION`` / ``INBOX_DEAD_RETENTION``).
+    """
+    if status not in PURGEABLE:
+        raise ValueError(
+            f"only {', '.join(PURGEABLE)} rows can be purged, not {status!r}: the others are "
+            "still to be processed or are waiting for an operator"
+        )
+    now = now or timezone.now()
+    column = PURGEABLE[Status(status)]
+    rows = InboxMessage.objects.using(inbox_settings.database).filter(status=status)
+    rows = rows.for_consumer(consumer)
+
+    def older(seconds: float) -> Q:
+        return Q(**{f"{column}__lt": now - timedelta(seconds=seconds)})
+
+    if older_than is not None:
+        return rows.filter(older(older_than))
+    if consumer is not None:
+        retention = _retention(status, consumer)
+        return None if retention is None else rows.filter(older(retention))
+    # Consumers with a policy of their own, then everyone else under the global setting.
+    configured = list(inbox_settings.consumers)
+    condition = Q(pk__in=[])
+    for name in configured:
+        retention = _retention(status, name)
+        if retention is not None:
+            condition |= Q(consumer=name) & older(retention)
+    retention = _retention(status, None)
+    if retention is not None:
+        condition |= ~Q(consumer__in=configured) & older(retention)
+    if condition == Q(pk__in=[]):
+        return None
+    return rows.filter(condition)
+
+
+def purge(
+    *,
+    statuses: tuple[str, ...] = (Status.COMPLETED, Status.DEAD),
+    older_than: float | None = None,
+    consumer: str | None = None,
+    batch_size: int = 1000,
+    dry_run: bool = False,
+    progress: Callable[[PurgeProgress], None] | None = None,
+    pause: float = 0.0,
+) -> PurgeResult:
+    """Delete rows of ``statuses`` whose retention has passed; return the counts.
+
+    ``older_than`` (seconds) replaces the configured retentions. ``dead`` rows are only
+    deleted when a dead retention applies or ``older_than`` is given. ``pause`` sleeps between
+    batches, to leave the database more room on a busy system. With ``dry_run`` nothing is
+    deleted and the counts say what would be.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    result = PurgeResult(dry_run=dry_run)
+    started = time.monotonic()
+    now = timezone.now()
+    for status in statuses:
+        rows = expired(status, older_than=older_than, consumer=consumer, now=now)
+        if rows is None:
+            result.skipped.append(status)
+            continue
+        if dry_run:
+            result.deleted[status] = rows.count()
+            continue
+        result.deleted[status] = 0
+        last_pk = 0
+        while True:
+            deleted = _delete_batch(rows.filter(pk__gt=last_pk), status, batch_size)
+            if not deleted:
+                break
+            last_pk = max(deleted)
+            result.deleted[status] += len(deleted)
+            result.batches += 1
+            if progress is not None:
+                progress(PurgeProgress(result.total, result.batches, time.monotonic() - started))
+            if pause:
+                time.sleep(pause)
+    result.elapsed = time.monotonic() - started
+    return result
+
+
+def _delete_batch(rows: Any, status: str, limit: int) -> list[int]:
+    """Delete the first ``limit`` rows of ``rows`` by pk, skipping locked ones; return their pks."""
+    using = inbox_settings.database
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    table = quote(InboxMessage._meta.db_table)
+    pk = quote("id")
+    with transaction.atomic(using=using):
+        inner = rows.order_by("pk").values("pk")[:limit]
+        if connection.features.has_select_for_update_skip_locked:
+            inner = inner.select_for_update(skip_locked=True)
+        sql, params = inner.query.get_compiler(using).as_sql()
+        # The outer status test re-checks each row as it is deleted: a row replayed between
+        # the two (possible where SKIP LOCKED is not available) is kept.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE {pk} IN ({sql}) AND {quote('status')} = %s "
+                f"RETURNING {pk}",
+                [*params, status],
+            )
+            return [int(found[0]) for found in cursor.fetchall()]

@@ -1,0 +1,235 @@
+"""``collect()`` behind ``inbox_stats``: counts per consumer and status, and what looks wrong.
+
+Three queries, each served by an index on PostgreSQL: one over the rows still to process
+(the polled partial index), one over ``dead`` and ``parked`` rows (the attention partial
+index), and one for ``completed`` rows, which on a large table is read from PostgreSQL's
+estimate of the table size instead of counted (``exact=True`` counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+from django.db.models import Count, Min, Q
+from django.utils import timezone
+
+from .conf import inbox_settings
+from .models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
+from .registry import registry
+
+Status = InboxMessage.Status
+STATUSES = [str(status) for status in Status]
+
+#: Above this many rows (PostgreSQL's estimate), completed rows are estimated, not counted.
+ESTIMATE_ABOVE = 1_000_000
+
+#: Kinds of :class:`Problem`, in the order they are reported.
+PROBLEM_KINDS = ("dead", "stuck", "pending_age")
+
+
+@dataclass
+class ConsumerStats:
+    consumer: str
+    #: Rows per status; ``completed`` is ``None`` when only a total estimate is known.
+    counts: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
+    #: ``in_progress`` rows whose lease expired: their worker died or hangs.
+    stuck: int = 0
+    #: Seconds the longest-waiting due row (``received``, or ``failed`` past its backoff) has
+    #: waited for a worker; ``0`` when nothing is due.
+    oldest_pending_age: float = 0.0
+    #: When the oldest row still to process (``received``/``failed``/``in_progress``) arrived.
+    oldest_pending_received_at: datetime | None = None
+
+    @property
+    def pending(self) -> int:
+        return sum(self.counts[s] or 0 for s in POLLED_STATUSES)
+
+
+@dataclass
+class Problem:
+    kind: str
+    consumer: str
+    value: float
+    message: str
+
+
+@dataclass
+class InboxStats:
+    at: datetime
+    consumers: dict[str, ConsumerStats]
+    problems: list[Problem]
+    #: Total ``completed`` rows, estimated when :attr:`completed_estimated`.
+    completed_total: int
+    completed_estimated: bool
+    max_pending_age: float
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    def totals(self) -> dict[str, int]:
+        totals = dict.fromkeys(STATUSES, 0)
+        for consumer in self.consumers.values():
+            for status, count in consumer.counts.items():
+                totals[status] += count or 0
+        totals[Status.COMPLETED] = self.completed_total
+        return totals
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (what ``inbox_stats --json`` prints)."""
+        return {
+            "at": self.at.isoformat(),
+            "healthy": self.healthy,
+            "problems": [vars(problem) for problem in self.problems],
+            "max_pending_age": self.max_pending_age,
+            "totals": self.totals(),
+            "completed_estimated": self.completed_estimated,
+            "consumers": {
+                name: {
+                    "counts": consumer.counts,
+                    "pending": consumer.pending,
+                    "stuck": consumer.stuck,
+                    "oldest_pending_age": round(consumer.oldest_pending_age, 3),
+                    "oldest_pending_received_at": (
+                        consumer.oldest_pending_received_at.isoformat()
+                        if consumer.oldest_pending_received_at
+                        else None
+                    ),
+                }
+                for name, consumer in sorted(self.consumers.items())
+            },
+        }
+
+
+def collect(
+    *,
+    consumer: str | None = None,
+    max_pending_age: float | None = None,
+    ignore: tuple[str, ...] = (),
+    exact: bool = False,
+) -> InboxStats:
+    """Count the inbox's rows and list its problems.
+
+    Problems: ``dead`` rows exist; ``stuck`` rows (``in_progress`` past their lease) exist;
+    a due row has waited longer than ``max_pending_age`` seconds (``INBOX_MAX_PENDING_AGE``)
+    for a worker. Kinds named in ``ignore`` are not reported.
+    """
+    using = inbox_settings.database
+    now = timezone.now()
+    if max_pending_age is None:
+        max_pending_age = inbox_settings.max_pending_age
+    rows = InboxMessage.objects.using(using).for_consumer(consumer).order_by()
+    found: dict[str, ConsumerStats] = {}
+
+    def of(name: str) -> ConsumerStats:
+        return found.setdefault(name, ConsumerStats(name))
+
+    for name in registry.consumers() if consumer is None else [consumer]:
+        of(name)
+    polled = (
+        rows.filter(status__in=POLLED_STATUSES)
+        .values("consumer", "status")
+        .annotate(
+            n=Count("id"),
+            first_due=Min("next_attempt_at"),
+            first_received=Min("received_at"),
+            stuck=Count("id", filter=Q(next_attempt_at__lt=now)),
+        )
+    )
+    for row in polled:
+        stats = of(row["consumer"])
+        stats.counts[row["status"]] = row["n"]
+        first = row["first_received"]
+        if first and (
+            stats.oldest_pending_received_at is None or first < stats.oldest_pending_received_at
+        ):
+            stats.oldest_pending_received_at = first
+        if row["status"] == Status.IN_PROGRESS:
+            stats.stuck = row["stuck"]
+        elif row["first_due"] is not None and row["first_due"] <= now:
+            age = (now - row["first_due"]).total_seconds()
+            stats.oldest_pending_age = max(stats.oldest_pending_age, age)
+    attention = (
+        rows.filter(status__in=ATTENTION_STATUSES)
+        .values("consumer", "status")
+        .annotate(n=Count("id"))
+    )
+    for found_row in attention:
+        of(found_row["consumer"]).counts[found_row["status"]] = found_row["n"]
+
+    table_rows = 0 if exact or consumer is not None else _estimated_rows(using)
+    estimated = table_rows > ESTIMATE_ABOVE
+    if estimated:
+        others = sum(
+            s.pending + (s.counts[Status.DEAD] or 0) + (s.counts[Status.PARKED] or 0)
+            for s in found.values()
+        )
+        completed_total = max(table_rows - others, 0)
+        for stats in found.values():
+            stats.counts[Status.COMPLETED] = None
+    else:
+        completed_total = 0
+        completed = rows.filter(status=Status.COMPLETED).values("consumer").annotate(n=Count("id"))
+        for count in completed:
+            of(count["consumer"]).counts[Status.COMPLETED] = count["n"]
+            completed_total += count["n"]
+    problems = _problems(found, max_pending_age, ignore)
+    return InboxStats(
+        at=now,
+        consumers=found,
+        problems=problems,
+        completed_total=completed_total,
+        completed_estimated=estimated,
+        max_pending_age=max_pending_age,
+    )
+
+
+def _problems(
+    found: dict[str, ConsumerStats], max_pending_age: float, ignore: tuple[str, ...]
+) -> list[Problem]:
+    problems: list[Problem] = []
+    for name, stats in sorted(found.items()):
+        dead = stats.counts[Status.DEAD] or 0
+        if dead and "dead" not in ignore:
+            problems.append(
+                Problem("dead", name, dead, f"{name}: {dead} dead message(s) need an operator")
+            )
+        if stats.stuck and "stuck" not in ignore:
+            problems.append(
+                Problem(
+                    "stuck",
+                    name,
+                    stats.stuck,
+                    f"{name}: {stats.stuck} message(s) in progress past their lease "
+                    "(worker died or hangs; inbox_reclaim or a running worker recovers them)",
+                )
+            )
+        age = stats.oldest_pending_age
+        if age > max_pending_age and "pending_age" not in ignore:
+            problems.append(
+                Problem(
+                    "pending_age",
+                    name,
+                    round(age, 3),
+                    f"{name}: a due message has waited {age:.0f}s for a worker "
+                    f"(limit {max_pending_age:.0f}s); are workers running?",
+                )
+            )
+    return problems
+
+
+def _estimated_rows(using: str) -> int:
+    """PostgreSQL's estimate of the table's rows (no scan); ``0`` elsewhere or if unknown."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
+            [InboxMessage._meta.db_table],
+        )
+        found = cursor.fetchone()
+    return max(int(found[0]), 0) if found else 0
