@@ -148,7 +148,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         to_seconds(_setting("INBOX_MAX_PENDING_AGE"))
     except ValueError as exc:
         errors.append(Error(f"INBOX_MAX_PENDING_AGE: {exc}.", id="django_inbox.E014"))
-    if not errors:
+    if not any(message.is_serious() for message in errors):  # a W001 must not hide a W003
         errors.extend(_retention_warnings(consumers))
     broker_url = _setting("INBOX_BROKER_URL")
     if broker_url is not None and (not isinstance(broker_url, str) or "://" not in broker_url):
@@ -202,14 +202,23 @@ def _retention_warnings(consumers: dict[str, Any]) -> list[CheckMessage]:
     from .conf import inbox_settings
 
     warnings: list[CheckMessage] = []
+    #: The horizon the warning about the global retention was given for, if it was.
+    global_horizon: float | None = None
     names = [None, *sorted(set(consumers) | set(registry.consumers()))]
     for name in names:
         own = consumers.get(name) or {} if name is not None else {}
-        if warnings and name is not None and not {"retention", "redelivery_window"} & set(own):
-            continue  # already warned about the global retention this consumer uses
         policy = inbox_settings.policy(name or "")
         horizon = policy.redelivery_window + retry_horizon(name or "")
+        if (
+            name is not None
+            and global_horizon is not None
+            and not {"retention", "redelivery_window"} & set(own)
+            and horizon <= global_horizon
+        ):
+            continue  # already warned about the global retention this consumer uses
         if policy.retention < horizon:
+            if name is None:
+                global_horizon = horizon
             where = "INBOX_RETENTION" if name is None else f"consumer {name!r}: retention"
             warnings.append(
                 Warning(

@@ -4,10 +4,10 @@ Only ``completed`` rows (by ``processed_at``) and ``dead`` rows (by ``updated_at
 a dead retention is set or an age is given) are ever deleted. Rows still to be processed or
 set aside for an operator (``received``, ``in_progress``, ``failed``, ``parked``) never are.
 
-Deletion walks the table in primary-key order, one short transaction per batch
-(``DELETE … WHERE id IN (SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED)``), so it never
-holds locks for long, never waits for a row someone else holds, and each batch starts where
-the previous one ended instead of rescanning what was already deleted.
+Deletion walks the table in primary-key order, one short transaction per batch (on
+PostgreSQL ``DELETE … WHERE id = ANY(ARRAY(SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP
+LOCKED))``), so it never holds locks for long, never waits for a row someone else holds, and
+each batch starts where the previous one ended instead of rescanning what was already deleted.
 """
 
 from __future__ import annotations
@@ -75,6 +75,14 @@ def _retention(status: str, consumer: str | None) -> float | None:
     return completed if status == Status.COMPLETED else dead
 
 
+def _check_purgeable(status: str) -> None:
+    if status not in PURGEABLE:
+        raise ValueError(
+            f"only {', '.join(PURGEABLE)} rows can be purged, not {status!r}: the others are "
+            "still to be processed or are waiting for an operator"
+        )
+
+
 def expired(
     status: str,
     *,
@@ -88,11 +96,7 @@ def expired(
     own retention applies (``INBOX_CONSUMERS[name]["retention"]`` / ``["dead_retention"]``
     over ``INBOX_RETENTION`` / ``INBOX_DEAD_RETENTION``).
     """
-    if status not in PURGEABLE:
-        raise ValueError(
-            f"only {', '.join(PURGEABLE)} rows can be purged, not {status!r}: the others are "
-            "still to be processed or are waiting for an operator"
-        )
+    _check_purgeable(status)
     now = now or timezone.now()
     column = PURGEABLE[Status(status)]
     rows = InboxMessage.objects.using(inbox_settings.database).filter(status=status)
@@ -140,6 +144,8 @@ def purge(
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    for status in statuses:  # refuse before anything is deleted, not halfway through
+        _check_purgeable(status)
     result = PurgeResult(dry_run=dry_run)
     started = time.monotonic()
     now = timezone.now()
@@ -180,12 +186,20 @@ def _delete_batch(rows: Any, status: str, limit: int) -> list[int]:
         if connection.features.has_select_for_update_skip_locked:
             inner = inner.select_for_update(skip_locked=True)
         sql, params = inner.query.get_compiler(using).as_sql()
+        if connection.vendor == "postgresql":
+            # ``= ANY(ARRAY(…))`` runs the locking subquery once, as an InitPlan. Under
+            # ``IN (…)`` PostgreSQL may plan a nested-loop semi-join that rescans the subquery
+            # for every outer row; each rescan skips the rows this statement already deleted
+            # and its LIMIT takes the next ones, so one "batch" deletes every expired row in
+            # one long transaction.
+            selected = f"{pk} = ANY(ARRAY({sql}))"
+        else:
+            selected = f"{pk} IN ({sql})"
         # The outer status test re-checks each row as it is deleted: a row replayed between
         # the two (possible where SKIP LOCKED is not available) is kept.
         with connection.cursor() as cursor:
             cursor.execute(
-                f"DELETE FROM {table} WHERE {pk} IN ({sql}) AND {quote('status')} = %s "
-                f"RETURNING {pk}",
+                f"DELETE FROM {table} WHERE {selected} AND {quote('status')} = %s RETURNING {pk}",
                 [*params, status],
             )
             return [int(found[0]) for found in cursor.fetchall()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 from io import StringIO
 from typing import Any
 
@@ -13,7 +14,12 @@ from django.core.management.base import SystemCheckError
 from django.db import connection
 from django.test import override_settings
 
-from django_inbox.checks import check_database, check_handler_modules, check_settings
+from django_inbox.checks import (
+    check_database,
+    check_handler_modules,
+    check_settings,
+    retry_horizon,
+)
 from django_inbox.registry import registry
 
 
@@ -326,3 +332,190 @@ def test_e012_broker_settings(overrides: dict[str, object]) -> None:
 def test_e007_prefetch_must_be_positive() -> None:
     with override_settings(INBOX_PREFETCH=0):
         assert_check_fails("django_inbox.E007")
+
+
+# --- W003: retention shorter than the window in which a duplicate can still arrive ----------
+
+DAY = 86400.0
+
+
+def w003(messages: list[Any]) -> list[Any]:
+    return [m for m in messages if m.id == "django_inbox.W003"]
+
+
+def consumers_with(**policies: dict[str, Any]) -> dict[str, Any]:
+    """The testproject's INBOX_CONSUMERS with some consumers' policies extended."""
+    from django.conf import settings
+
+    consumers = {name: dict(policy) for name, policy in settings.INBOX_CONSUMERS.items()}
+    for name, extra in policies.items():
+        consumers[name] = {**consumers.get(name, {}), **extra}
+    return consumers
+
+
+def test_w003_global_retention_shorter_than_redelivery_window_plus_retries() -> None:
+    horizon = 7 * DAY + retry_horizon("")  # INBOX_REDELIVERY_WINDOW + the global schedule
+    assert horizon > 7 * DAY
+
+    with override_settings(INBOX_RETENTION=horizon - 1):
+        messages = check_settings()
+        output = run_check()
+        assert_check_fails("django_inbox.W003", fail_level="WARNING")
+
+    # One warning: every consumer inherits the global retention, none is warned about again.
+    assert ids(messages) == ["django_inbox.W003"]
+    [warning] = messages
+    assert warning.obj == "INBOX_RETENTION"
+    assert "INBOX_RETENTION" in warning.msg and "INBOX_REDELIVERY_WINDOW" in warning.msg
+    assert "processed again" in warning.msg
+    assert "django_inbox.W003" in output
+    with override_settings(INBOX_RETENTION=horizon):
+        assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"INBOX_RETENTION": "7d"},
+        {"INBOX_RETENTION": "1d", "INBOX_REDELIVERY_WINDOW": 23.5 * 3600},  # + 44 min retries
+        {"INBOX_REDELIVERY_WINDOW": "30d"},  # as long as the default retention
+        {"INBOX_RETENTION": "8d", "INBOX_MAX_ATTEMPTS": 50},  # 50 attempts: 1.8 days
+        {"INBOX_RETENTION": "8d", "INBOX_LEASE": "1d"},  # 8 attempts of up to a day each
+    ],
+)
+def test_w003_global(overrides: dict[str, object]) -> None:
+    with override_settings(**overrides):
+        assert [m.obj for m in check_settings()] == ["INBOX_RETENTION"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"INBOX_RETENTION": "8d"},
+        {"INBOX_RETENTION": "1d", "INBOX_REDELIVERY_WINDOW": "1h"},
+        {"INBOX_RETENTION": "60d", "INBOX_REDELIVERY_WINDOW": "30d"},
+        {"INBOX_RETENTION": "1h", "INBOX_REDELIVERY_WINDOW": 0, "INBOX_MAX_ATTEMPTS": 1},
+    ],
+)
+def test_no_w003_when_retention_outlasts_the_duplicates(overrides: dict[str, object]) -> None:
+    with override_settings(**overrides):
+        assert check_settings() == []
+
+
+def test_w003_consumer_retention_names_the_consumer() -> None:
+    with override_settings(INBOX_CONSUMERS=consumers_with(effects={"retention": "1d"})):
+        messages = check_settings()
+    assert ids(messages) == ["django_inbox.W003"]
+    [warning] = messages
+    assert warning.obj == "effects"
+    assert "consumer 'effects': retention (1.0 days)" in warning.msg
+
+
+def test_w003_consumer_redelivery_window_longer_than_its_retention() -> None:
+    policy = {"redelivery_window": "60d"}
+    with override_settings(INBOX_CONSUMERS=consumers_with(stream=policy)):
+        assert [m.obj for m in check_settings()] == ["stream"]
+    with override_settings(INBOX_CONSUMERS=consumers_with(stream={**policy, "retention": "61d"})):
+        assert check_settings() == []
+
+
+def test_w003_not_for_a_consumer_whose_own_retention_is_long_enough() -> None:
+    consumers = consumers_with(effects={"retention": "30d"})
+    with override_settings(INBOX_RETENTION="1d", INBOX_CONSUMERS=consumers):
+        assert [m.obj for m in check_settings()] == ["INBOX_RETENTION"]
+
+
+def test_w003_once_globally_and_once_per_consumer_with_its_own_retention() -> None:
+    consumers = consumers_with(effects={"retention": "2d"}, stream={"retention": "3d"})
+    with override_settings(INBOX_RETENTION="1d", INBOX_CONSUMERS=consumers):
+        messages = check_settings()
+    # inventory, payments and audit inherit the global retention: no warning of their own.
+    assert ids(messages) == ["django_inbox.W003"] * 3
+    assert [m.obj for m in messages] == ["INBOX_RETENTION", "effects", "stream"]
+    assert len({m.msg for m in messages}) == 3
+
+
+def test_w003_for_a_consumer_inheriting_the_retention_but_retrying_for_weeks() -> None:
+    # "stream" keeps the global 30 days, but its own schedule retries for over 30 days; it is
+    # warned about even though another consumer ("effects") was warned about first.
+    consumers = consumers_with(
+        effects={"retention": "1d"}, stream={"max_attempts": 40, "backoff_max": "2d"}
+    )
+    with override_settings(INBOX_CONSUMERS=consumers):
+        assert 7 * DAY + retry_horizon("stream") > 30 * DAY
+        messages = check_settings()
+    assert [m.obj for m in messages] == ["effects", "stream"]
+    assert "consumer 'stream': retention (30.0 days)" in messages[1].msg
+
+
+def test_w003_is_not_hidden_by_another_warning() -> None:
+    consumers = consumers_with(paymnets={"max_attempts": 3})  # W001: a typo
+    with override_settings(INBOX_RETENTION="1d", INBOX_CONSUMERS=consumers):
+        assert sorted(ids(check_settings())) == ["django_inbox.W001", "django_inbox.W003"]
+
+
+def test_w003_not_computed_from_invalid_settings() -> None:
+    with override_settings(INBOX_RETENTION="a month"):
+        assert ids(check_settings()) == ["django_inbox.E003"]
+    with override_settings(INBOX_REDELIVERY_WINDOW="soon", INBOX_RETENTION="1s"):
+        assert ids(check_settings()) == ["django_inbox.E003"]
+
+
+# --- E003 / E014: dead retention, redelivery window, max pending age --------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("INBOX_DEAD_RETENTION", "forever"),
+        ("INBOX_DEAD_RETENTION", -1),
+        ("INBOX_DEAD_RETENTION", "1 month"),
+        ("INBOX_DEAD_RETENTION", True),
+        ("INBOX_REDELIVERY_WINDOW", "a week"),
+        ("INBOX_REDELIVERY_WINDOW", -5),
+        ("INBOX_REDELIVERY_WINDOW", None),
+    ],
+)
+def test_e003_bad_dead_retention_or_redelivery_window(name: str, value: object) -> None:
+    with override_settings(**{name: value}):
+        text = assert_check_fails("django_inbox.E003")
+        assert ids(check_settings()) == ["django_inbox.E003"]
+    assert name.removeprefix("INBOX_").lower() in text
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [{"dead_retention": "soon"}, {"dead_retention": -3}, {"redelivery_window": "later"}],
+)
+def test_e003_bad_consumer_dead_retention_or_redelivery_window(policy: dict[str, object]) -> None:
+    with override_settings(INBOX_CONSUMERS=consumers_with(effects=policy)):
+        text = assert_check_fails("django_inbox.E003")
+    assert "INBOX_CONSUMERS['effects']" in text
+    assert next(iter(policy)) in text
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"INBOX_DEAD_RETENTION": None},
+        {"INBOX_DEAD_RETENTION": "90d"},
+        {"INBOX_DEAD_RETENTION": timedelta(days=1)},
+        {"INBOX_REDELIVERY_WINDOW": "1d"},
+        {"INBOX_MAX_PENDING_AGE": "10m"},
+        {"INBOX_CONSUMERS": {"effects": {"dead_retention": None, "redelivery_window": "1h"}}},
+    ],
+)
+def test_valid_dead_retention_redelivery_window_and_pending_age_pass(
+    overrides: dict[str, object],
+) -> None:
+    with override_settings(**overrides):
+        assert check_settings() == []
+
+
+@pytest.mark.parametrize("value", ["soon", -1, None, True, "5 minutes"])
+def test_e014_bad_max_pending_age(value: object) -> None:
+    with override_settings(INBOX_MAX_PENDING_AGE=value):
+        text = assert_check_fails("django_inbox.E014")
+        assert ids(check_settings()) == ["django_inbox.E014"]
+    assert "INBOX_MAX_PENDING_AGE" in text

@@ -217,3 +217,102 @@ def test_import_and_decorate_without_configured_settings() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+# --- retention, dead retention, redelivery window, pending age, replay of completed rows ------
+
+
+def test_defaults_of_the_retention_and_replay_settings(bare_settings) -> None:  # type: ignore[no-untyped-def]
+    assert inbox_settings.dead_retention is None
+    assert inbox_settings.redelivery_window == 7 * 86400.0
+    assert inbox_settings.max_pending_age == 300.0
+    assert inbox_settings.allow_replay_completed is True
+    assert type(inbox_settings.redelivery_window) is float
+    assert type(inbox_settings.max_pending_age) is float
+    policy = inbox_settings.policy("x")
+    assert policy.dead_retention is None
+    assert policy.redelivery_window == 7 * 86400.0
+    assert policy.allow_replay_completed is True
+    assert policy.retention == 30 * 86400.0
+    assert (
+        DEFAULTS["INBOX_DEAD_RETENTION"],
+        DEFAULTS["INBOX_REDELIVERY_WINDOW"],
+        DEFAULTS["INBOX_MAX_PENDING_AGE"],
+        DEFAULTS["INBOX_ALLOW_REPLAY_COMPLETED"],
+    ) == (None, 7 * 86400.0, 300.0, True)
+    # The Policy dataclass defaults agree with the settings' defaults.
+    fields = Policy.__dataclass_fields__
+    assert fields["dead_retention"].default is None
+    assert fields["redelivery_window"].default == DEFAULTS["INBOX_REDELIVERY_WINDOW"]
+
+
+def test_testproject_leaves_retention_settings_unset() -> None:
+    for name in ("INBOX_RETENTION", "INBOX_DEAD_RETENTION", "INBOX_REDELIVERY_WINDOW"):
+        assert not hasattr(django_settings, name), name
+    assert inbox_settings.policy("effects").dead_retention is None
+    assert inbox_settings.policy("effects").redelivery_window == 7 * 86400.0
+
+
+@override_settings(
+    INBOX_DEAD_RETENTION="30d",
+    INBOX_REDELIVERY_WINDOW="2d",
+    INBOX_MAX_PENDING_AGE="10m",
+    INBOX_ALLOW_REPLAY_COMPLETED=False,
+    INBOX_CONSUMERS={
+        "x": {"dead_retention": "90d", "redelivery_window": timedelta(days=14)},
+        "keeps": {"dead_retention": None, "allow_replay_completed": True},
+        "window": {"redelivery_window": 0},
+        "plain": {},
+    },
+)
+def test_dead_retention_and_redelivery_window_per_consumer() -> None:
+    assert inbox_settings.dead_retention == 30 * 86400.0
+    assert inbox_settings.redelivery_window == 2 * 86400.0
+    assert inbox_settings.max_pending_age == 600.0
+    assert inbox_settings.allow_replay_completed is False
+
+    x = inbox_settings.policy("x")
+    assert (x.dead_retention, x.redelivery_window) == (90 * 86400.0, 14 * 86400.0)
+    assert x.allow_replay_completed is False
+    keeps = inbox_settings.policy("keeps")  # None overrides a global dead retention: keep
+    assert (keeps.dead_retention, keeps.redelivery_window) == (None, 2 * 86400.0)
+    assert keeps.allow_replay_completed is True
+    window = inbox_settings.policy("window")
+    assert (window.dead_retention, window.redelivery_window) == (30 * 86400.0, 0.0)
+    for name in ("plain", "not-configured"):
+        policy = inbox_settings.policy(name)
+        assert (policy.dead_retention, policy.redelivery_window) == (30 * 86400.0, 2 * 86400.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "attr", "value", "seconds"),
+    [
+        ("INBOX_DEAD_RETENTION", "dead_retention", "1w", 604_800.0),
+        ("INBOX_DEAD_RETENTION", "dead_retention", timedelta(hours=1), 3600.0),
+        ("INBOX_DEAD_RETENTION", "dead_retention", 0, 0.0),
+        ("INBOX_REDELIVERY_WINDOW", "redelivery_window", "36h", 129_600.0),
+        ("INBOX_MAX_PENDING_AGE", "max_pending_age", "500ms", 0.5),
+        ("INBOX_MAX_PENDING_AGE", "max_pending_age", 90, 90.0),
+    ],
+)
+def test_new_durations_may_be_strings_numbers_or_timedeltas(
+    name: str, attr: str, value: object, seconds: float
+) -> None:
+    with override_settings(**{name: value}):
+        assert getattr(inbox_settings, attr) == pytest.approx(seconds)
+        assert type(getattr(inbox_settings, attr)) is float
+
+
+@pytest.mark.parametrize(
+    ("name", "attr"),
+    [
+        ("INBOX_DEAD_RETENTION", "dead_retention"),
+        ("INBOX_REDELIVERY_WINDOW", "redelivery_window"),
+        ("INBOX_MAX_PENDING_AGE", "max_pending_age"),
+    ],
+)
+def test_bad_new_durations_raise_on_access(name: str, attr: str) -> None:
+    with override_settings(**{name: "soon"}):
+        with pytest.raises(ValueError, match="duration"):
+            getattr(inbox_settings, attr)
+        assert inbox_settings.retention == 30 * 86400.0  # other settings unaffected
