@@ -109,8 +109,10 @@ def claim_fresh(
 ) -> list[InboxMessage]:
     """PostgreSQL: claim ``received`` and due ``failed`` rows in one statement.
 
-    ``UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING …`` in autocommit:
-    the claim, its counted attempt and the lease commit together, one round trip per batch.
+    ``UPDATE … WHERE id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED)) RETURNING …`` in
+    autocommit: the claim, its counted attempt and the lease commit together, one round trip
+    per batch. ``= ANY(ARRAY(…))`` makes PostgreSQL run the locking subquery once; under
+    ``IN (…)`` it may rescan it per row and claim more than ``limit`` rows.
     Rows of dead workers are left to :func:`claim_batch`'s general path.
     """
     connection = connections[using]
@@ -124,10 +126,10 @@ def claim_fresh(
         f"UPDATE {table} SET {quote('status')} = %s, {quote('attempts')} = "
         f"{quote('attempts')} + 1, {quote('lease_id')} = %s, {quote('locked_until')} = %s, "
         f"{quote('next_attempt_at')} = %s, {quote('updated_at')} = %s "
-        f"WHERE {quote('id')} IN (SELECT {quote('id')} FROM {table} "
+        f"WHERE {quote('id')} = ANY(ARRAY(SELECT {quote('id')} FROM {table} "
         f"WHERE {quote('consumer')} = %s AND {quote('status')} IN (%s, %s) "
         f"AND {quote('next_attempt_at')} <= %s "
-        f"ORDER BY {quote('next_attempt_at')}, {quote('id')} LIMIT %s FOR UPDATE SKIP LOCKED) "
+        f"ORDER BY {quote('next_attempt_at')}, {quote('id')} LIMIT %s FOR UPDATE SKIP LOCKED)) "
         f"RETURNING {', '.join(quote(name) for name in names)}"
     )
     params: list[Any] = [

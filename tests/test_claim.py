@@ -1,0 +1,71 @@
+"""A claim takes at most its batch of due rows, each exactly once, whatever else holds rows."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, connections
+
+from django_inbox import store
+from django_inbox.models import InboxMessage
+from django_inbox.processing import claim_batch
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _store(count: int) -> None:
+    for n in range(count):
+        store(consumer="effects", message_id=f"c-{n}", event_type="effect.write", payload={})
+
+
+@pytest.mark.parametrize("limit", [1, 5, 37])
+def test_a_claim_never_takes_more_than_its_limit(limit: int) -> None:
+    _store(100)
+    claimed = claim_batch("effects", limit)
+    assert len(claimed) == limit
+    in_progress = InboxMessage.objects.filter(status="in_progress")
+    assert in_progress.count() == limit
+    assert {row.pk for row in in_progress} == {row.pk for row in claimed}
+    assert all(row.attempts == 1 for row in claimed)
+
+
+@pytest.mark.postgres
+def test_concurrent_claims_split_the_rows_and_skip_locked_ones() -> None:
+    """Claims from several connections at once: every row claimed exactly once, no claim
+    over its limit, and a row locked by someone else is skipped rather than waited for."""
+    assert connection.vendor == "postgresql"
+    _store(300)
+    locked_pk = InboxMessage.objects.order_by("pk").values_list("pk", flat=True)[0]
+    holder = connections.create_connection("default")
+    with holder.cursor() as cursor:
+        cursor.execute("BEGIN")
+        cursor.execute(
+            f"SELECT id FROM {InboxMessage._meta.db_table} WHERE id = %s FOR UPDATE", [locked_pk]
+        )
+        results: list[list[int]] = []
+        barrier = threading.Barrier(4)
+
+        def claimer() -> None:
+            barrier.wait()
+            got: list[int] = []
+            while True:
+                batch = claim_batch("effects", 7)
+                assert len(batch) <= 7
+                if not batch:
+                    break
+                got += [row.pk for row in batch]
+            results.append(got)
+            connections.close_all()
+
+        threads = [threading.Thread(target=claimer) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        cursor.execute("ROLLBACK")
+    holder.close()
+    claimed = [pk for got in results for pk in got]
+    assert len(results) == 4
+    assert len(claimed) == len(set(claimed)) == 299
+    assert locked_pk not in claimed
