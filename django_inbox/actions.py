@@ -69,17 +69,21 @@ def select(
     until: datetime | None = None,
 ) -> QuerySet[InboxMessage]:
     """Rows matching every criterion given. ``since``/``until`` apply to ``updated_at``:
-    when the row reached its current status (went dead, was parked, completed)."""
+    when the row reached its current status (went dead, was parked, completed).
+
+    A list criterion left at ``None`` matches any value; an empty list matches no row (so
+    replaying "the selected ids" when none were selected changes nothing, not everything).
+    """
     rows = InboxMessage.objects.using(inbox_settings.database).all()
-    if pks:
+    if pks is not None:
         rows = rows.filter(pk__in=pks)
-    if message_ids:
+    if message_ids is not None:
         rows = rows.filter(message_id__in=message_ids)
     if consumer:
         rows = rows.filter(consumer=consumer)
-    if event_types:
+    if event_types is not None:
         rows = rows.filter(event_type__in=event_types)
-    if statuses:
+    if statuses is not None:
         rows = rows.filter(status__in=statuses)
     if since is not None:
         rows = rows.filter(updated_at__gte=since)
@@ -194,13 +198,15 @@ def _act(
     last_pk = 0
     while True:
         with transaction.atomic(using=using):
-            batch = list(
+            candidates = (
                 rows.using(using)
                 .filter(status__in=statuses, pk__gt=last_pk)
                 .only("pk", "consumer", "message_id", "status", "attempts", "history")
                 .order_by("pk")
-                .select_for_update(skip_locked=True)[:batch_size]
             )
+            if not dry_run:  # a dry run changes nothing, so it locks nothing either
+                candidates = candidates.select_for_update(skip_locked=True)
+            batch = list(candidates[:batch_size])
             if not batch:
                 return result
             last_pk = batch[-1].pk

@@ -90,10 +90,10 @@ class Command(InboxCommand):
                 returncode=MISCONFIGURED,
             )
         rows = select(
-            pks=options["pks"],
-            message_ids=options["message_ids"],
+            pks=options["pks"] or None,
+            message_ids=options["message_ids"] or None,
             consumer=options["consumer"],
-            event_types=options["event_types"],
+            event_types=options["event_types"] or None,
             statuses=options["statuses"] or list(REPLAYABLE),
             since=options["since"],
             until=options["until"],
