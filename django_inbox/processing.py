@@ -24,7 +24,13 @@ from .conf import inbox_settings
 from .exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted
 from .models import POLLED_STATUSES, InboxMessage
 from .outcomes import Outcome
-from .recovery import SHARED_TRANSACTION, record_abandoned_attempt, release_unstarted, split_blame
+from .recovery import (
+    SHARED_TRANSACTION,
+    record_abandoned_attempt,
+    release_unstarted,
+    split_blame,
+    whole_leases,
+)
 from .registry import Handler, registry
 from .retry import RetryPolicy
 from .storage import complete_row, transaction_aborted
@@ -172,16 +178,27 @@ def _take_over(abandoned: list[InboxMessage], now: datetime, using: str) -> set[
     Only the row that was running when its worker died has its attempt counted (see
     :func:`~django_inbox.recovery.split_blame`); it is claimed again at once unless that
     used up its attempts. Its batch-mates lose the attempt their dead claim counted.
+
+    A dead worker's batch is decided whole, in this transaction: rows of it beyond this
+    claim's limit are locked too and given back (the blamed one as ``failed`` after its
+    backoff, the others due now), so a later claim cannot blame a second row of it. A batch
+    partly locked by another process is left alone for a later claim.
     """
-    blamed, innocent = split_blame(abandoned, using)
+    whole, _ = whole_leases(abandoned, InboxMessage.objects.using(using).stale(now), using)
+    claiming = {row.pk for row in abandoned}
+    dropped = claiming - {row.pk for row in whole}
+    blamed, innocent = split_blame(whole, using)
     rows = InboxMessage.objects.using(using)
     for row in innocent:
-        rows.filter(pk=row.pk).update(attempts=F("attempts") - 1)
-    return {
-        row.pk
-        for row in blamed
-        if record_abandoned_attempt(row, now, using, retry_now=True) == Status.DEAD
-    }
+        if row.pk in claiming:
+            rows.filter(pk=row.pk).update(attempts=F("attempts") - 1)
+        else:
+            release_unstarted(row, now, using)
+    for row in blamed:
+        status = record_abandoned_attempt(row, now, using, retry_now=row.pk in claiming)
+        if status == Status.DEAD:
+            dropped.add(row.pk)
+    return dropped
 
 
 def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outcome:

@@ -166,7 +166,9 @@ def reclaim(
     ``older_than`` (seconds) adds a margin: rows claimed less than that long ago are left.
     A row of a dead worker's batch that never started goes back to due with its attempt
     uncounted (see :func:`split_blame`). Rows another process is claiming or reclaiming
-    at the same moment are skipped, never waited for.
+    at the same moment are skipped, never waited for; so is the rest of their dead
+    worker's batch, which is always decided whole, in one transaction (``batch_size`` may
+    be exceeded to hold it).
     """
     using = inbox_settings.database
     result = ReclaimResult()
@@ -174,15 +176,16 @@ def reclaim(
     while True:
         now = timezone.now()
         with transaction.atomic(using=using):
+            stale = reclaimable(consumer=consumer, older_than=older_than, now=now)
             batch = list(
-                reclaimable(consumer=consumer, older_than=older_than, now=now)
-                .exclude(pk__in=seen)
+                stale.exclude(pk__in=seen)
                 .order_by("pk")
                 .select_for_update(skip_locked=True)[:batch_size]
             )
             if not batch:
                 return result
-            seen.update(row.pk for row in batch)
+            batch, looked_at = whole_leases(batch, stale, using)
+            seen.update(looked_at)
             blamed, innocent = split_blame(batch, using)
             for row in blamed:
                 status: str
@@ -204,6 +207,37 @@ def reclaim(
                     release_unstarted(row, now, using)
                 result.rows.append((row.consumer, row.message_id, status))
                 result.released += 1
+
+
+def whole_leases(
+    batch: list[InboxMessage], stale: Any, using: str
+) -> tuple[list[InboxMessage], set[int]]:
+    """Extend locked rows to whole dead-worker batches (leases); return them and every pk seen.
+
+    :func:`split_blame` blames the lowest row still holding a lease. Once that row is
+    reclaimed, the lowest of the rest would be blamed next, so all rows of a lease must be
+    decided in one transaction. Leases whose rows are partly locked by another process
+    (a claim or a concurrent reclaim) are left whole for a later run.
+    """
+    members = dict(
+        InboxMessage.objects.using(using)
+        .filter(status=Status.IN_PROGRESS, lease_id__in={row.lease_id for row in batch})
+        .values_list("pk", "lease_id")
+    )
+    held = {row.pk for row in batch}
+    missing = [pk for pk in members if pk not in held]
+    if missing:
+        # Rows locked by others are skipped; so are rows whose lease changed meanwhile.
+        extra = list(
+            stale.filter(pk__in=missing, lease_id__in=set(members.values()))
+            .order_by("pk")
+            .select_for_update(skip_locked=True)
+        )
+        batch = sorted([*batch, *extra], key=lambda row: row.pk)
+        held.update(row.pk for row in extra)
+    partial = {lease for pk, lease in members.items() if pk not in held}
+    whole = [row for row in batch if row.lease_id not in partial]
+    return whole, {*members, *held}
 
 
 def release_unstarted(row: InboxMessage, now: datetime, using: str) -> int:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
+from django.utils import timezone
 
 from django_inbox import store
 from django_inbox.models import InboxMessage
@@ -69,3 +71,28 @@ def test_concurrent_claims_split_the_rows_and_skip_locked_ones() -> None:
     assert len(results) == 4
     assert len(claimed) == len(set(claimed)) == 299
     assert locked_pk not in claimed
+
+
+def test_a_dead_workers_batch_is_blamed_once_even_when_claims_split_it() -> None:
+    """Rows of one dead worker's batch taken over by claims smaller than the batch: only the
+    row that was running (the lowest pk) has its attempt counted, once."""
+    _store(4)
+    dead_batch = claim_batch("effects", 4)  # a worker claims four rows, then dies
+    assert len({row.lease_id for row in dead_batch}) == 1
+    past = timezone.now() - timedelta(seconds=60)
+    InboxMessage.objects.filter(status="in_progress").update(
+        next_attempt_at=past, locked_until=past
+    )
+    first = claim_batch("effects", 2)
+    second = claim_batch("effects", 2)
+    assert sorted(row.message_id for row in [*first, *second]) == ["c-0", "c-1", "c-2", "c-3"]
+    rows = {row.message_id: row for row in InboxMessage.objects.all()}
+    blamed = [mid for mid, row in rows.items() if row.errors]
+    assert blamed == ["c-0"]
+    assert [entry["type"] for entry in rows["c-0"].errors] == ["LeaseExpired"]
+    assert {mid: row.attempts for mid, row in rows.items()} == {
+        "c-0": 2,
+        "c-1": 1,
+        "c-2": 1,
+        "c-3": 1,
+    }
