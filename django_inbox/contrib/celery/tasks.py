@@ -21,7 +21,7 @@ from ... import services
 logger = logging.getLogger("django_inbox")
 
 
-@shared_task(name="django_inbox.process_due", ignore_result=False)
+@shared_task(name="django_inbox.process_due")
 def process_due(
     consumers: list[str] | None = None,
     max_messages: int | None = 1000,
@@ -42,7 +42,7 @@ def process_due(
     return {"handled": stats.handled, "outcomes": dict(stats.outcomes), "released": stats.released}
 
 
-@shared_task(name="django_inbox.reclaim", ignore_result=False)
+@shared_task(name="django_inbox.reclaim")
 def reclaim(consumer: str | None = None, older_than: float = 0.0) -> dict[str, int]:
     """Recover rows whose worker died (``inbox_reclaim``)."""
     result = services.reclaim(consumer=consumer, older_than=older_than)
@@ -56,7 +56,7 @@ def reclaim(consumer: str | None = None, older_than: float = 0.0) -> dict[str, i
     return {"failed": result.failed, "dead": result.dead, "released": result.released}
 
 
-@shared_task(name="django_inbox.purge", ignore_result=False)
+@shared_task(name="django_inbox.purge")
 def purge(
     older_than: float | None = None,
     statuses: list[str] | None = None,
@@ -64,17 +64,17 @@ def purge(
     batch_size: int = 1000,
 ) -> dict[str, Any]:
     """Delete rows past their retention (``inbox_purge``)."""
-    options: dict[str, Any] = {}
-    if statuses:
-        options["statuses"] = tuple(statuses)
     result = services.purge(
-        older_than=older_than, consumer=consumer, batch_size=batch_size, **options
+        statuses=tuple(statuses) if statuses else None,
+        older_than=older_than,
+        consumer=consumer,
+        batch_size=batch_size,
     )
     logger.info("inbox purge: deleted %s in %.1fs", result.deleted, result.elapsed)
     return {"deleted": result.deleted, "skipped": result.skipped, "elapsed": result.elapsed}
 
 
-@shared_task(name="django_inbox.stats", ignore_result=False)
+@shared_task(name="django_inbox.stats")
 def stats() -> dict[str, Any]:
     """Collect ``inbox_stats`` and log each problem (for alerting on logs)."""
     collected = services.collect()
