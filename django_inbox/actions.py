@@ -99,7 +99,7 @@ def replay(
     reason: str = "",
     force: bool = False,
     dry_run: bool = False,
-    via: str = "command",
+    via: str = "python",
     batch_size: int = 500,
     keep: int = 100,
 ) -> ActionResult:
@@ -142,7 +142,7 @@ def park(
     actor: str,
     reason: str = "",
     dry_run: bool = False,
-    via: str = "command",
+    via: str = "python",
     batch_size: int = 500,
     keep: int = 100,
 ) -> ActionResult:
@@ -161,7 +161,7 @@ def retry_now(
     actor: str,
     reason: str = "",
     dry_run: bool = False,
-    via: str = "command",
+    via: str = "python",
     batch_size: int = 500,
     keep: int = 100,
 ) -> ActionResult:

@@ -1,7 +1,8 @@
 """Entries of a row's ``history``: one per failed attempt and per operator action.
 
-Every entry is a JSON object with ``kind`` (``"error"``, ``"reclaim"``, ``"replay"``,
-``"park"``, ``"retry"``), ``at`` (ISO 8601) and fields of its kind.
+Every entry is a JSON object with ``kind`` (``"error"`` for a failed attempt, including one
+whose worker died, ``"LeaseExpired"``; ``"replay"``, ``"park"``, ``"retry"`` for operator
+actions), ``at`` (ISO 8601) and fields of its kind.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def expired(
 
 def purge(
     *,
-    statuses: tuple[str, ...] = (Status.COMPLETED, Status.DEAD),
+    statuses: tuple[str, ...] | None = None,
     older_than: float | None = None,
     consumer: str | None = None,
     batch_size: int = 1000,
@@ -137,34 +137,40 @@ def purge(
 ) -> PurgeResult:
     """Delete rows of ``statuses`` whose retention has passed; return the counts.
 
-    ``older_than`` (seconds) replaces the configured retentions. ``dead`` rows are only
-    deleted when a dead retention applies or ``older_than`` is given. ``pause`` sleeps between
+    By default (``statuses=None``) ``completed`` rows past their retention (or
+    ``older_than``) go, and ``dead`` rows only past a configured dead retention: dead letters
+    nobody has looked at are never deleted by an age given for completed rows. Name ``dead``
+    in ``statuses`` to apply ``older_than`` to them as well. ``older_than`` (seconds) replaces
+    the configured retentions of the statuses it applies to. ``pause`` sleeps between
     batches, to leave the database more room on a busy system. With ``dry_run`` nothing is
     deleted and the counts say what would be.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    explicit = statuses is not None
+    statuses = tuple(statuses) if statuses is not None else tuple(PURGEABLE)
     for status in statuses:  # refuse before anything is deleted, not halfway through
         _check_purgeable(status)
     result = PurgeResult(dry_run=dry_run)
     started = time.monotonic()
     now = timezone.now()
     for status in statuses:
-        rows = expired(status, older_than=older_than, consumer=consumer, now=now)
+        age = older_than if explicit or status == Status.COMPLETED else None
+        rows = expired(status, older_than=age, consumer=consumer, now=now)
         if rows is None:
-            result.skipped.append(status)
+            result.skipped.append(str(status))
             continue
         if dry_run:
-            result.deleted[status] = rows.count()
+            result.deleted[str(status)] = rows.count()
             continue
-        result.deleted[status] = 0
+        result.deleted[str(status)] = 0
         last_pk = 0
         while True:
             deleted = _delete_batch(rows.filter(pk__gt=last_pk), status, batch_size)
             if not deleted:
                 break
             last_pk = max(deleted)
-            result.deleted[status] += len(deleted)
+            result.deleted[str(status)] += len(deleted)
             result.batches += 1
             if progress is not None:
                 progress(PurgeProgress(result.total, result.batches, time.monotonic() - started))

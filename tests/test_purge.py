@@ -397,17 +397,25 @@ def test_a_consumer_may_keep_its_dead_rows_despite_a_global_dead_retention() -> 
 
 
 @pytest.mark.django_db
-def test_older_than_replaces_every_retention_and_includes_dead_rows() -> None:
+def test_older_than_applies_to_dead_rows_only_when_they_are_named() -> None:
     make("effects", Status.DEAD, 10 * DAY, "dead-10d")
     make("effects", Status.DEAD, 3 * DAY, "dead-3d")
     make("effects", Status.COMPLETED, 10 * DAY, "done-10d")  # within INBOX_RETENTION
     make("effects", Status.COMPLETED, 3 * DAY, "done-3d")
 
+    # An age for completed rows never deletes dead letters nobody has looked at.
     result = purge(older_than=5 * DAY)
+    assert result.deleted == {Status.COMPLETED: 1}
+    assert result.skipped == [Status.DEAD]
+    assert left() == {"dead-10d", "dead-3d", "done-3d"}
+    assert "dead rows kept" in purge_command("--older-than", "1d")
+    assert left() == {"dead-10d", "dead-3d"}
 
-    assert result.deleted == {Status.COMPLETED: 1, Status.DEAD: 1}
-    assert left() == {"dead-3d", "done-3d"}
-    assert "deleted 1 completed, 1 dead" in purge_command("--older-than", "1d")
+    result = purge(statuses=(Status.COMPLETED, Status.DEAD), older_than=5 * DAY)
+    assert result.deleted == {Status.COMPLETED: 0, Status.DEAD: 1}
+    assert left() == {"dead-3d"}
+    output = purge_command("--older-than", "1d", "--status", "completed", "--status", "dead")
+    assert "deleted 0 completed, 1 dead" in output
     assert not InboxMessage.objects.exists()
 
 
@@ -464,7 +472,11 @@ def test_consumer_option_limits_the_purge() -> None:
         make(consumer, Status.COMPLETED, 40 * DAY, f"{consumer}-old")
         make(consumer, Status.DEAD, 40 * DAY, f"{consumer}-dead")
 
-    assert purge(consumer="a", older_than=DAY).deleted == {Status.COMPLETED: 1, Status.DEAD: 1}
+    both = (Status.COMPLETED, Status.DEAD)
+    assert purge(statuses=both, consumer="a", older_than=DAY).deleted == {
+        Status.COMPLETED: 1,
+        Status.DEAD: 1,
+    }
     assert left() == {"b-old", "b-dead", "c-old", "c-dead"}
     output = purge_command("--consumer", "b")
     assert "deleted 1 completed" in output, output
@@ -485,16 +497,21 @@ def test_dry_run_deletes_nothing_and_counts_what_would_go() -> None:
     result = purge(dry_run=True)
     assert result.dry_run is True
     assert (result.deleted, result.skipped, result.batches) == ({Status.COMPLETED: 3}, ["dead"], 0)
-    result = purge(dry_run=True, older_than=10 * DAY, batch_size=1)
+    both = (Status.COMPLETED, Status.DEAD)
+    result = purge(statuses=both, dry_run=True, older_than=10 * DAY, batch_size=1)
     assert result.deleted == {Status.COMPLETED: 3, Status.DEAD: 1}
     assert result.total == 4
     output = purge_command("--dry-run", "--older-than", "10d")
+    assert "would delete 3 completed" in output and "dead rows kept" in output, output
+    output = purge_command(
+        "--dry-run", "--status", "completed", "--status", "dead", "--older-than", "10d"
+    )
     assert "would delete 3 completed, 1 dead" in output, output
     output = purge_command("--dry-run", "--status", "dead", "--older-than", "0")
     assert "would delete 2 dead" in output, output
 
     assert left() == before
-    assert purge(older_than=10 * DAY).total == 4  # what the dry runs announced
+    assert purge(statuses=both, older_than=10 * DAY).total == 4  # what the dry runs announced
 
 
 @pytest.mark.django_db

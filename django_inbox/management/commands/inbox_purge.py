@@ -48,8 +48,9 @@ class Command(InboxCommand):
             dest="statuses",
             default=[],
             help=(
-                "completed or dead; repeat for both. Default: both (dead only if a dead "
-                "retention is set or --older-than is given)."
+                "completed or dead; repeat for both. Default: completed, and dead rows "
+                "past INBOX_DEAD_RETENTION if one is set (--older-than applies to dead rows "
+                "only when --status dead is given)."
             ),
         )
         parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")
@@ -73,7 +74,7 @@ class Command(InboxCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.", returncode=MISCONFIGURED)
-        statuses = tuple(dict.fromkeys(options["statuses"])) or tuple(PURGEABLE)
+        statuses = tuple(dict.fromkeys(options["statuses"])) or None
         verbosity = options["verbosity"]
         last_report = time.monotonic()
 
@@ -100,7 +101,7 @@ class Command(InboxCommand):
         for status in result.skipped:
             self.stdout.write(
                 f"inbox_purge: {status} rows kept: no retention applies to them "
-                "(set INBOX_DEAD_RETENTION or give --older-than)"
+                "(set INBOX_DEAD_RETENTION, or give --status dead with --older-than)"
             )
         counts = ", ".join(f"{n:,} {status}" for status, n in result.deleted.items()) or "nothing"
         if result.dry_run:
