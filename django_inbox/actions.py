@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -41,7 +41,8 @@ class ActionResult:
     changed: Counter[str] = field(default_factory=Counter)
     #: Rows selected but left alone, by reason.
     refused: Counter[str] = field(default_factory=Counter)
-    #: ``(pk, consumer, message_id, previous status)`` of the rows changed, first ``keep`` only.
+    #: ``(pk, consumer, message_id, previous status)`` of the rows changed: the first ``keep``
+    #: (all of them when ``keep`` is ``None``).
     rows: list[tuple[int, str, str, str]] = field(default_factory=list)
 
     @property
@@ -101,7 +102,7 @@ def replay(
     dry_run: bool = False,
     via: str = "python",
     batch_size: int = 500,
-    keep: int = 100,
+    keep: int | None = 100,
 ) -> ActionResult:
     """Send ``dead`` and ``parked`` rows (and, with ``force``, ``completed`` ones) back to
     ``received``, due now, with a fresh set of attempts and their history kept.
@@ -121,7 +122,7 @@ def replay(
             return f"completed, and consumer {row.consumer!r} sets allow_replay_completed=False"
         return None
 
-    def change(row: InboxMessage, now: datetime) -> dict[str, Any]:
+    def change(now: datetime) -> dict[str, Any]:
         return {
             "status": Status.RECEIVED,
             "attempts": 0,
@@ -144,12 +145,12 @@ def park(
     dry_run: bool = False,
     via: str = "python",
     batch_size: int = 500,
-    keep: int = 100,
+    keep: int | None = 100,
 ) -> ActionResult:
     """Set ``received``, ``failed`` and ``dead`` rows aside as ``parked``: no worker takes them
     until they are replayed. A row being processed (``in_progress``) cannot be parked."""
 
-    def change(row: InboxMessage, now: datetime) -> dict[str, Any]:
+    def change(now: datetime) -> dict[str, Any]:
         return {"status": Status.PARKED, "next_attempt_at": None}
 
     return _act("park", rows, PARKABLE, None, change, actor, reason, dry_run, via, batch_size, keep)
@@ -163,11 +164,11 @@ def retry_now(
     dry_run: bool = False,
     via: str = "python",
     batch_size: int = 500,
-    keep: int = 100,
+    keep: int | None = 100,
 ) -> ActionResult:
     """Make ``failed`` rows due now instead of after their backoff; attempts are kept."""
 
-    def change(row: InboxMessage, now: datetime) -> dict[str, Any]:
+    def change(now: datetime) -> dict[str, Any]:
         return {"next_attempt_at": now}
 
     return _act(
@@ -186,7 +187,7 @@ def _act(
     dry_run: bool,
     via: str,
     batch_size: int,
-    keep: int,
+    keep: int | None,
 ) -> ActionResult:
     using = inbox_settings.database
     result = ActionResult(action=action, dry_run=dry_run)
@@ -195,13 +196,15 @@ def _act(
         result.refused[f"{status} (cannot {action} from {status})"] += rows.filter(
             status=status
         ).count()
+    in_sql = connections[using].vendor == "postgresql"
+    fields = ["pk", "consumer", "message_id", "status", "attempts"]
     last_pk = 0
     while True:
         with transaction.atomic(using=using):
             candidates = (
                 rows.using(using)
                 .filter(status__in=statuses, pk__gt=last_pk)
-                .only("pk", "consumer", "message_id", "status", "attempts", "history")
+                .only(*fields, *([] if in_sql else ["history"]))
                 .order_by("pk")
             )
             if not dry_run:  # a dry run changes nothing, so it locks nothing either
@@ -211,32 +214,81 @@ def _act(
                 return result
             last_pk = batch[-1].pk
             now = timezone.now()
+            accepted = []
             for row in batch:
                 refusal = decide(row) if decide is not None else None
-                if refusal is not None:
+                if refusal is None:
+                    accepted.append(row)
+                else:
                     result.refused[refusal] += 1
-                    continue
-                if not dry_run:
-                    entry = history.action_entry(
-                        action,
-                        at=now,
-                        actor=actor,
-                        reason=reason,
-                        previous_status=row.status,
-                        attempts=row.attempts,
-                        via=via,
-                    )
-                    updated = (
-                        InboxMessage.objects.using(using)
-                        .filter(pk=row.pk, status=row.status)
-                        .update(
-                            **change(row, now),
-                            history=history.append(row.history, entry),
-                            updated_at=now,
-                        )
-                    )
-                    if not updated:
-                        continue
+            if not dry_run and accepted:
+                entry = history.action_entry(
+                    action,
+                    at=now,
+                    actor=actor,
+                    reason=reason,
+                    previous_status="",
+                    attempts=0,
+                    via=via,
+                )
+                if in_sql:
+                    _update_in_sql(accepted, change(now), entry, now, using)
+                else:
+                    changes = change(now)
+                    accepted = [r for r in accepted if _update_row(r, changes, entry, now)]
+            for row in accepted:
                 result.changed[row.status] += 1
-                if len(result.rows) < keep:
+                if keep is None or len(result.rows) < keep:
                     result.rows.append((row.pk, row.consumer, row.message_id, row.status))
+
+
+def _update_row(
+    row: InboxMessage, changes: dict[str, Any], entry: dict[str, Any], now: datetime
+) -> bool:
+    """Change one row and append ``entry`` (completed with the row's status and attempts)."""
+    entry = {**entry, "from": row.status, "attempts": row.attempts}
+    return bool(
+        InboxMessage.objects.using(inbox_settings.database)
+        .filter(pk=row.pk, status=row.status)
+        .update(**changes, history=history.append(row.history, entry), updated_at=now)
+    )
+
+
+def _update_in_sql(
+    rows: list[InboxMessage],
+    changes: dict[str, Any],
+    entry: dict[str, Any],
+    now: datetime,
+    using: str,
+) -> None:
+    """PostgreSQL: change locked rows with one statement, the entry appended in SQL.
+
+    ``from`` and ``attempts`` of each entry are the row's values before the update (in an
+    ``UPDATE``, column references in ``SET`` read the old row).
+    """
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    sets: list[str] = []
+    params: list[Any] = []
+    for column, value in {**changes, "updated_at": now}.items():
+        sets.append(f"{quote(column)} = %s")
+        params.append(value)
+    pairs: list[str] = []
+    for key, value in entry.items():
+        if key in ("from", "attempts"):
+            continue
+        pairs.append("%s, %s::text")
+        params += [key, value]
+    pairs.append(f"'from', {quote('status')}, 'attempts', {quote('attempts')}")
+    history_sql = (
+        f"{quote('history')} = {quote('history')} || "
+        f"jsonb_build_array(jsonb_build_object({', '.join(pairs)}))"
+    )
+    sql = (
+        f"UPDATE {quote(InboxMessage._meta.db_table)} SET {', '.join(sets)}, {history_sql} "
+        f"WHERE {quote('id')} = ANY(%s) AND {quote('status')} = ANY(%s)"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql, [*params, [row.pk for row in rows], sorted({row.status for row in rows})]
+        )
