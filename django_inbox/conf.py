@@ -37,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_PREFETCH": 100,
     "INBOX_ENVELOPE": "django_inbox.consumer.envelope.parse",
     "INBOX_POLL_INTERVAL": 1.0,
+    "INBOX_ADMIN": True,
 }
 
 #: Keys a consumer may override in ``INBOX_CONSUMERS`` and the global setting each one defaults to.
@@ -178,6 +179,10 @@ class InboxSettings:
     @property
     def poll_interval(self) -> float:
         return to_seconds(self._get("INBOX_POLL_INTERVAL"))
+
+    @property
+    def admin(self) -> bool:
+        return bool(self._get("INBOX_ADMIN"))
 
     def policy(self, consumer: str) -> Policy:
         """The policy for ``consumer``: ``INBOX_CONSUMERS[consumer]`` over the global settings."""

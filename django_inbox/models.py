@@ -115,8 +115,10 @@ class InboxMessage(models.Model):
         ]
         permissions = [
             ("replay_inboxmessage", "Can replay dead or parked inbox messages"),
+            ("force_replay_inboxmessage", "Can re-run completed inbox messages"),
             ("park_inboxmessage", "Can park inbox messages"),
             ("retry_inboxmessage", "Can retry failed inbox messages now"),
+            ("view_payload_inboxmessage", "Can see inbox message payloads and headers"),
         ]
 
     def __str__(self) -> str:

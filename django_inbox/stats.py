@@ -160,7 +160,7 @@ def collect(
     for found_row in attention:
         of(found_row["consumer"]).counts[found_row["status"]] = found_row["n"]
 
-    table_rows = 0 if exact or consumer is not None else _estimated_rows(using)
+    table_rows = 0 if exact or consumer is not None else estimated_rows(using)
     estimated = table_rows > ESTIMATE_ABOVE
     if estimated:
         others = sum(
@@ -221,7 +221,7 @@ def _problems(
     return problems
 
 
-def _estimated_rows(using: str) -> int:
+def estimated_rows(using: str) -> int:
     """PostgreSQL's estimate of the table's rows (no scan); ``0`` elsewhere or if unknown."""
     connection = connections[using]
     if connection.vendor != "postgresql":
@@ -233,3 +233,25 @@ def _estimated_rows(using: str) -> int:
         )
         found = cursor.fetchone()
     return max(int(found[0]), 0) if found else 0
+
+
+def distinct_consumers(using: str | None = None) -> list[str]:
+    """Every consumer that has rows. On PostgreSQL a walk of the unique index, one probe per
+    consumer (a loose index scan), so it stays instant on a table of millions of rows."""
+    using = using or inbox_settings.database
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        rows = InboxMessage.objects.using(using).order_by()
+        return sorted(rows.values_list("consumer", flat=True).distinct())
+    quote = connection.ops.quote_name
+    table = quote(InboxMessage._meta.db_table)
+    column = quote("consumer")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH RECURSIVE walk(name) AS ("
+            f"SELECT min({column}) FROM {table} "
+            f"UNION ALL SELECT (SELECT min({column}) FROM {table} WHERE {column} > walk.name) "
+            f"FROM walk WHERE walk.name IS NOT NULL) "
+            f"SELECT name FROM walk WHERE name IS NOT NULL"
+        )
+        return [str(name) for (name,) in cursor.fetchall()]
