@@ -117,7 +117,10 @@ def replay(
         if row.status in REPLAYABLE:
             return None
         if not force:
-            return "completed (replaying it runs its handler again; needs --force)"
+            return (
+                "completed (replaying it runs its handler again: only a forced re-run may, "
+                "inbox_replay --force or the admin's re-run action)"
+            )
         if not inbox_settings.policy(row.consumer).allow_replay_completed:
             return f"completed, and consumer {row.consumer!r} sets allow_replay_completed=False"
         return None

@@ -8,6 +8,7 @@ estimate of the table size instead of counted (``exact=True`` counts).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -23,7 +24,8 @@ from .registry import registry
 Status = InboxMessage.Status
 STATUSES = [str(status) for status in Status]
 
-#: Above this many rows (PostgreSQL's estimate), completed rows are estimated, not counted.
+#: Above this many rows (PostgreSQL's estimate), completed rows are estimated, not counted
+#: (``collect(estimate_above=…)`` overrides it; the admin's summary uses a lower threshold).
 ESTIMATE_ABOVE = 1_000_000
 
 #: Kinds of :class:`Problem`, in the order they are reported.
@@ -110,12 +112,18 @@ def collect(
     max_pending_age: float | None = None,
     ignore: tuple[str, ...] = (),
     exact: bool = False,
+    estimate_above: int | None = None,
 ) -> InboxStats:
     """Count the inbox's rows and list its problems.
 
     Problems: ``dead`` rows exist; ``stuck`` rows (``in_progress`` past their lease) exist;
     a due row has waited longer than ``max_pending_age`` seconds (``INBOX_MAX_PENDING_AGE``)
     for a worker. Kinds named in ``ignore`` are not reported.
+
+    ``completed`` rows are counted (a scan of the table) unless PostgreSQL estimates the table
+    above ``estimate_above`` rows (default :data:`ESTIMATE_ABOVE`) and neither ``exact`` nor
+    ``consumer`` is given: then their total is the estimate less the counted rows of the other
+    statuses, and per-consumer ``completed`` counts are ``None``.
     """
     using = inbox_settings.database
     now = timezone.now()
@@ -161,7 +169,8 @@ def collect(
         of(found_row["consumer"]).counts[found_row["status"]] = found_row["n"]
 
     table_rows = 0 if exact or consumer is not None else estimated_rows(using)
-    estimated = table_rows > ESTIMATE_ABOVE
+    threshold = ESTIMATE_ABOVE if estimate_above is None else estimate_above
+    estimated = table_rows > threshold
     if estimated:
         others = sum(
             s.pending + (s.counts[Status.DEAD] or 0) + (s.counts[Status.PARKED] or 0)
@@ -222,17 +231,27 @@ def _problems(
 
 
 def estimated_rows(using: str) -> int:
-    """PostgreSQL's estimate of the table's rows (no scan); ``0`` elsewhere or if unknown."""
+    """PostgreSQL's estimate of the table's rows (no scan); ``0`` elsewhere or if unknown.
+
+    The planner's own estimate (``EXPLAIN SELECT … FROM table``): ``reltuples`` of the last
+    ``ANALYZE``/``VACUUM`` scaled to the table's current size, so it follows a table that grew
+    since (autovacuum may be off), and a guess from the table's size if it never was analysed.
+    """
     connection = connections[using]
     if connection.vendor != "postgresql":
         return 0
+    table = connection.ops.quote_name(InboxMessage._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
-            [InboxMessage._meta.db_table],
-        )
+        cursor.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table}")
         found = cursor.fetchone()
-    return max(int(found[0]), 0) if found else 0
+    if not found:
+        return 0
+    plan = json.loads(found[0]) if isinstance(found[0], str | bytes) else found[0]
+    try:
+        rows = plan[0]["Plan"]["Plan Rows"]
+    except (LookupError, TypeError):
+        return 0
+    return max(int(rows), 0)
 
 
 def distinct_consumers(using: str | None = None) -> list[str]:

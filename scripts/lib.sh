@@ -69,3 +69,14 @@ ensure_rabbitmq() {
     wait_for_port 5672 RabbitMQ
     rabbitmqctl await_startup >/dev/null 2>&1 || true
 }
+
+# The admin's browser tests drive Debian's Chromium through Playwright (never `playwright
+# install`: its browser builds are downloaded from elsewhere). Install it when it is missing.
+ensure_chromium() {
+    [ -x /usr/bin/chromium ] && return
+    step "installing Chromium (Debian package)"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+}

@@ -366,7 +366,7 @@ def test_completed_rows_are_counted_on_a_small_table() -> None:
         # Give PostgreSQL a current estimate, so the size check really looks at 50 rows.
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {InboxMessage._meta.db_table}")
-        assert stats_module._estimated_rows("default") == 50
+        assert stats_module.estimated_rows("default") == 50
     found = collect()
     assert found.completed_estimated is False
     assert found.completed_total == 50

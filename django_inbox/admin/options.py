@@ -19,28 +19,36 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
 from django.db.models import Count, QuerySet
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
 from .. import actions as services
 from ..actions import ActionResult
-from ..models import InboxMessage
+from ..models import ATTENTION_STATUSES, InboxMessage
 from ..stats import PROBLEM_KINDS, STATUSES, collect
 from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter, known_consumers
-from .paginator import CappedCountPaginator
+from .paginator import COUNT_CAP, CappedCountPaginator
 from .render import pretty_json, status_badge, timeline
 
 Status = InboxMessage.Status
 PERMISSION_PREFIX = "django_inbox."
+#: The summary estimates completed rows instead of counting them (a scan of the table) above
+#: this many rows: a page view must not read the table (``inbox_stats`` counts up to
+#: :data:`django_inbox.stats.ESTIMATE_ABOVE`).
+SUMMARY_ESTIMATE_ABOVE = 100_000
+#: Fields only users with ``view_payload_inboxmessage`` may see or filter the list by.
+PAYLOAD_FIELDS = ("payload", "headers")
 
 #: What each action does: (service call, statuses it starts from, needs a reason, verb).
 ACTIONS: dict[str, dict[str, Any]] = {
     "replay_messages": {
         "title": "Replay dead or parked messages",
+        "button": "Replay this message",
         "verb": "Replayed",
         "from": services.REPLAYABLE,
         "explain": "They go back to received, due now, with a fresh set of attempts; their "
@@ -49,6 +57,7 @@ ACTIONS: dict[str, dict[str, Any]] = {
     },
     "force_rerun_messages": {
         "title": "Re-run completed messages",
+        "button": "Re-run this message",
         "verb": "Re-ran",
         "from": (Status.COMPLETED,),
         "explain": "Their handlers run again, and the effects they write are applied a second "
@@ -57,6 +66,7 @@ ACTIONS: dict[str, dict[str, Any]] = {
     },
     "park_messages": {
         "title": "Park messages",
+        "button": "Park this message",
         "verb": "Parked",
         "from": services.PARKABLE,
         "explain": "No worker takes a parked message until it is replayed.",
@@ -64,6 +74,7 @@ ACTIONS: dict[str, dict[str, Any]] = {
     },
     "retry_messages_now": {
         "title": "Retry failed messages now",
+        "button": "Retry this message now",
         "verb": "Made due now",
         "from": services.RETRYABLE,
         "explain": "The next attempt runs as soon as a worker polls, instead of after its "
@@ -74,11 +85,22 @@ ACTIONS: dict[str, dict[str, Any]] = {
 
 
 class InboxChangeList(ChangeList):
-    """Remembers whether the paginator's count is an estimate, for the pagination line."""
+    """Remembers whether the paginator's count is an estimate, for the pagination line, and
+    sorts only by the columns in ``sortable_by``."""
+
+    def get_ordering_field(self, field_name: Any) -> Any:
+        # Django hides the sort links of columns not in sortable_by but still obeys ?o=N, which
+        # would sort the whole table by an unindexed column.
+        if self.sortable_by is not None and field_name not in self.sortable_by:
+            return None
+        return super().get_ordering_field(field_name)
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         self.count_is_estimate = getattr(self.paginator, "is_estimate", False)
+        # More rows than were counted: the line says "more than COUNT_CAP", not "~count".
+        self.count_is_capped = getattr(self.paginator, "is_capped", False)
+        self.count_cap = COUNT_CAP
 
 
 if TYPE_CHECKING:
@@ -147,6 +169,14 @@ class InboxMessageAdmin(_ModelAdmin):
     def has_view_payload_permission(self, request: HttpRequest) -> bool:
         return self._has(request, "view_payload_inboxmessage")
 
+    def lookup_allowed(self, lookup: str, value: str, request: Any = None) -> bool:
+        # ?payload__card=… would tell a user who may not see payloads whether one matches.
+        if lookup.split(LOOKUP_SEP, 1)[0] in PAYLOAD_FIELDS and (
+            request is None or not self.has_view_payload_permission(request)
+        ):
+            return False
+        return bool(super().lookup_allowed(lookup, value, request))
+
     # --- changelist ----------------------------------------------------------------------
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -168,6 +198,16 @@ class InboxMessageAdmin(_ModelAdmin):
             queryset = queryset.defer("payload", "headers", "history")
         return queryset
 
+    def get_ordering(self, request: HttpRequest) -> tuple[Any, ...]:
+        """Newest first; dead and parked rows by when they last changed (went dead, were
+        parked), read through the attention index. Ordered by id, PostgreSQL would walk the
+        primary key from the newest row until it met enough dead ones: the whole table when
+        they are old."""
+        status = request.GET.get("status__exact") or request.GET.get("status")
+        if status in ATTENTION_STATUSES:
+            return ("-updated_at", "-pk")
+        return tuple(self.ordering or ())
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[InboxMessage], search_term: str
     ) -> tuple[QuerySet[InboxMessage], bool]:
@@ -179,7 +219,9 @@ class InboxMessageAdmin(_ModelAdmin):
             return queryset.filter(**{field: value.strip()}), False
         if value and field == "pk":
             number = value.strip()
-            return (queryset.filter(pk=int(number)) if number.isdigit() else queryset.none()), False
+            # isdigit() alone accepts "²", which int() refuses.
+            valid = number.isascii() and number.isdigit()
+            return (queryset.filter(pk=int(number)) if valid else queryset.none()), False
         # consumer = ANY(…) AND message_id = … is one probe of the unique index per consumer.
         return queryset.filter(consumer__in=known_consumers(), message_id=term), False
 
@@ -191,7 +233,7 @@ class InboxMessageAdmin(_ModelAdmin):
 
     def summary(self, request: HttpRequest) -> dict[str, Any]:
         """Counts per consumer and status with links, oldest due age, stuck/dead rows, problems."""
-        stats = collect(ignore=())
+        stats = collect(ignore=(), estimate_above=SUMMARY_ESTIMATE_ABOVE)
         base = reverse("admin:django_inbox_inboxmessage_changelist")
         rows = []
         for name, consumer in sorted(stats.consumers.items()):
@@ -202,13 +244,13 @@ class InboxMessageAdmin(_ModelAdmin):
                     {
                         "status": status,
                         "count": count,
-                        "url": f"{base}?consumer={name}&status__exact={status}",
+                        "url": f"{base}?{urlencode({'consumer': name, 'status__exact': status})}",
                     }
                 )
             rows.append(
                 {
                     "consumer": name,
-                    "url": f"{base}?consumer={name}",
+                    "url": f"{base}?{urlencode({'consumer': name})}",
                     "cells": cells,
                     "stuck": consumer.stuck,
                     "oldest_pending_age": consumer.oldest_pending_age,
@@ -277,7 +319,8 @@ class InboxMessageAdmin(_ModelAdmin):
 
     @admin.display(description="payload and headers")
     def payload_hidden(self, obj: InboxMessage) -> SafeString:
-        return format_html(
+        # A constant: format_html() without arguments is deprecated (an error in Django 6.0).
+        return mark_safe(
             '<p class="inbox-hidden">Hidden: payloads may hold personal data. Seeing them needs '
             "the “Can see inbox message payloads and headers” permission.</p>"
         )
@@ -294,12 +337,18 @@ class InboxMessageAdmin(_ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         allowed = self.get_actions(request)
+        status = (
+            self.get_queryset(request).filter(pk=object_id).values_list("status", flat=True).first()
+            if str(object_id).isdigit()
+            else None
+        )
         extra_context = {
             **(extra_context or {}),
+            # Only the actions this user may run that apply to this message's status.
             "inbox_actions": [
-                {"name": name, "title": spec["title"]}
+                {"name": name, "title": spec["button"]}
                 for name, spec in ACTIONS.items()
-                if name in allowed
+                if name in allowed and status in spec["from"]
             ],
             "changelist_url": reverse("admin:django_inbox_inboxmessage_changelist"),
         }
@@ -367,10 +416,11 @@ class InboxMessageAdmin(_ModelAdmin):
             if spec["reason_required"] and not reason:
                 error = "Say why: a reason is required for this action."
             else:
+                # Counted before the run: afterwards the re-run rows are no longer completed.
+                elsewhere = _counts(refused_elsewhere) if refused_elsewhere is not None else {}
                 result = run(queryset, actor_of(request), reason)
-                if refused_elsewhere is not None:
-                    for status, count in _counts(refused_elsewhere).items():
-                        result.refused[f"{status} (not completed)"] += count
+                for status, count in elsewhere.items():
+                    result.refused[f"{status} (not completed)"] += count
                 self._audit(request, result, spec, reason)
                 self._report(request, result, spec)
                 return None

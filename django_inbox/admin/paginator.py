@@ -16,9 +16,12 @@ COUNT_CAP = 10_000
 class CappedCountPaginator(Paginator):  # type: ignore[type-arg]
     """Unfiltered lists use PostgreSQL's estimate of the table size; filtered ones are counted
     up to :data:`COUNT_CAP` rows (``SELECT count(*) FROM (… LIMIT n)``), so a page never waits
-    for a full count. :attr:`is_estimate` says when the count is not exact."""
+    for a full count. :attr:`is_estimate` says when the count is not exact, :attr:`is_capped`
+    when it stopped at the cap."""
 
     is_estimate = False
+    #: The list has more than :data:`COUNT_CAP` rows; how many more was not counted.
+    is_capped = False
 
     @cached_property
     def count(self) -> int:
@@ -31,7 +34,9 @@ class CappedCountPaginator(Paginator):  # type: ignore[type-arg]
                 return estimate
         if query is None:
             return len(queryset)
-        count = queryset[: COUNT_CAP + 1].count()
+        # Without the list's ORDER BY: the count stops at the cap's row wherever it finds it,
+        # instead of sorting every match first (a full scan when the filter has no index).
+        count = queryset.order_by()[: COUNT_CAP + 1].count()
         if count > COUNT_CAP:
-            self.is_estimate = True
+            self.is_estimate = self.is_capped = True
         return int(count)
