@@ -19,7 +19,7 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from . import history
+from . import history, observe
 from .conf import inbox_settings
 from .models import InboxMessage
 
@@ -200,7 +200,7 @@ def _act(
             status=status
         ).count()
     in_sql = connections[using].vendor == "postgresql"
-    fields = ["pk", "consumer", "message_id", "status", "attempts"]
+    fields = ["pk", "consumer", "message_id", "event_type", "status", "attempts"]
     last_pk = 0
     while True:
         with transaction.atomic(using=using):
@@ -239,6 +239,8 @@ def _act(
                 else:
                     changes = change(now)
                     accepted = [r for r in accepted if _update_row(r, changes, entry, now)]
+            if not dry_run:
+                _report(action, accepted, actor, via, reason, using)
             for row in accepted:
                 result.changed[row.status] += 1
                 if keep is None or len(result.rows) < keep:
@@ -294,4 +296,31 @@ def _update_in_sql(
     with connection.cursor() as cursor:
         cursor.execute(
             sql, [*params, [row.pk for row in rows], sorted({row.status for row in rows})]
+        )
+
+
+#: The observe event each action reports per row (retry now changes no status: no event).
+_EVENTS = {"replay": "replayed", "park": "parked"}
+
+
+def _report(
+    action: str, rows: list[InboxMessage], actor: str, via: str, reason: str, using: str
+) -> None:
+    kind = _EVENTS.get(action)
+    if kind is None:
+        return
+    for row in rows:
+        observe.event(
+            kind,
+            consumer=row.consumer,
+            message_id=row.message_id,
+            event_type=row.event_type,
+            pk=row.pk,
+            attempt=row.attempts,
+            using=using,
+            detail=f"by {actor} via {via}, was {row.status}",
+            actor=actor,
+            via=via,
+            reason=reason,
+            previous_status=row.status,
         )

@@ -14,3 +14,7 @@ class InboxConfig(AppConfig):
         from .registry import registry
 
         registry.autodiscover(inbox_settings.handlers_module)
+        if inbox_settings.metrics:
+            from .contrib.prometheus import install
+
+            install()

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_ENVELOPE": "django_inbox.consumer.envelope.parse",
     "INBOX_POLL_INTERVAL": 1.0,
     "INBOX_ADMIN": True,
+    "INBOX_METRICS": False,
 }
 
 #: Keys a consumer may override in ``INBOX_CONSUMERS`` and the global setting each one defaults to.
@@ -183,6 +184,10 @@ class InboxSettings:
     @property
     def admin(self) -> bool:
         return bool(self._get("INBOX_ADMIN"))
+
+    @property
+    def metrics(self) -> bool:
+        return bool(self._get("INBOX_METRICS"))
 
     def policy(self, consumer: str) -> Policy:
         """The policy for ``consumer``: ``INBOX_CONSUMERS[consumer]`` over the global settings."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -12,17 +13,18 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import history
+from . import history, observe
 from .conf import inbox_settings
 from .exceptions import InvalidPayload, Reject, UnknownEventType
 from .models import InboxMessage
 from .outcomes import Outcome
 from .processing import (
     claim_batch,
+    failure,
     failure_outcome,
-    log_failure,
     no_handler_reason,
     process_claimed,
+    processed,
     run_handler,
 )
 from .registry import Handler, registry
@@ -97,23 +99,25 @@ def deliver_batch(rows: list[NewRow]) -> list[Outcome]:
     now = timezone.now()
     for row in rows:
         row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
-    ran: set[tuple[str, str]] = set()
+    ran: dict[tuple[str, str], InboxMessage] = {}
+    started = time.perf_counter()
     try:
         with transaction.atomic(using=using):
             new = insert_completed_rows(rows, now, using)
             for row, handler in zip(rows, handlers, strict=True):
                 key = (row.consumer, row.message_id)
                 if key in new and key not in ran:
-                    ran.add(key)
-                    run_handler(handler, _materialise(row, new[key], using), using)  # type: ignore[arg-type]
+                    ran[key] = message = _materialise(row, new[key], using)
+                    run_handler(handler, message, using)  # type: ignore[arg-type]
     except Exception:
         logger.info("inbox batch of %d rolled back; delivering one by one", len(rows))
         return [_deliver_row(_fresh(row), using) for row in rows]
+    share = (time.perf_counter() - started) / max(len(ran), 1)
     outcomes: list[Outcome] = []
     for row in rows:
         key = (row.consumer, row.message_id)
         if key in ran:
-            ran.discard(key)
+            processed(ran.pop(key), share, using)
             outcomes.append(Outcome.PROCESSED)
         else:  # a duplicate: of a row committed earlier, or of one earlier in this batch
             outcomes.append(_deliver_existing(_fresh(row), using))
@@ -149,10 +153,18 @@ def _insert_dead(row: NewRow, reason: str, error_type: str, using: str) -> bool:
     row.status = Status.DEAD
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
-    if insert_row(row, now, using) is None:
+    pk = insert_row(row, now, using)
+    if pk is None:
         return False
-    logger.error(
-        "inbox %s/%s %s stored dead: %s", row.consumer, row.event_type, row.message_id, error_type
+    observe.event(
+        "dead",
+        consumer=row.consumer,
+        message_id=row.message_id,
+        event_type=row.event_type,
+        pk=pk,
+        using=using,
+        error_type=error_type,
+        detail="stored dead",
     )
     return True
 
@@ -262,17 +274,22 @@ def _deliver_row(
     now = timezone.now()
     row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
     pk: int | None = None
+    message: InboxMessage | None = None
+    started = time.perf_counter()
     try:
         with transaction.atomic(using=using):
             pk = insert_row(row, now, using)
             if pk is not None:
-                run_handler(handler, _materialise(row, pk, using), using)
+                message = _materialise(row, pk, using)
+                run_handler(handler, message, using)
     except Exception as exc:
         if pk is None:
             raise  # the inbox's own insert failed: nothing is stored, let the caller retry
-        return _record_first_failure(row, exc, handler, using)
-    if pk is None:
+        duration = time.perf_counter() - started
+        return _record_first_failure(row, exc, handler, using, duration)
+    if message is None:
         return _deliver_existing(row, using, again=again)
+    processed(message, time.perf_counter() - started, using)
     return Outcome.PROCESSED
 
 
@@ -298,7 +315,9 @@ def _deliver_redelivered(row: NewRow, using: str) -> Outcome:
     return _deliver_existing(row, using, again=False)
 
 
-def _record_first_failure(row: NewRow, exc: Exception, handler: Handler, using: str) -> Outcome:
+def _record_first_failure(
+    row: NewRow, exc: Exception, handler: Handler, using: str, duration: float | None = None
+) -> Outcome:
     """Store a new message whose first attempt failed (its own transaction)."""
     now = timezone.now()
     policy = RetryPolicy.for_handler(row.consumer, handler)
@@ -310,10 +329,12 @@ def _record_first_failure(row: NewRow, exc: Exception, handler: Handler, using: 
     row.status, row.attempts, row.processed_at = status, 1, None
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
-    if insert_row(row, now, using) is None:
+    pk = insert_row(row, now, using)
+    if pk is None:
         # A concurrent delivery stored it while ours rolled back; report that one's state.
         return _deliver_existing(row, using, again=False)
-    log_failure(_materialise(row, 0), entry, status, row.next_attempt_at)
+    message = _materialise(row, pk, using)
+    failure(message, entry, status, row.next_attempt_at, using=using, duration=duration)
     return Outcome(status)
 
 
@@ -334,6 +355,13 @@ def _deliver_existing(row: NewRow, using: str, *, again: bool = True) -> Outcome
     """The message's row exists: report it, or process it if it is due and free."""
     status = _current_status(row, using)
     if status == Status.COMPLETED:
+        observe.event(
+            "duplicate",
+            consumer=row.consumer,
+            message_id=row.message_id,
+            event_type=row.event_type,
+            using=using,
+        )
         return Outcome.DUPLICATE
     if status in (Status.RECEIVED, Status.FAILED, Status.IN_PROGRESS):
         claimed = claim_batch(row.consumer, 1, using=using, message_id=row.message_id)

@@ -19,7 +19,7 @@ from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from . import history
+from . import history, observe
 from .conf import inbox_settings
 from .exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted
 from .models import POLLED_STATUSES, InboxMessage
@@ -213,6 +213,7 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
     if handler is None:
         reason = no_handler_reason(message.consumer, message.event_type)
         return record_failure(message, Reject(reason), None, using=using)
+    started = time.perf_counter()
     try:
         with transaction.atomic(using=using):
             run_handler(handler, message, using)
@@ -225,8 +226,24 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         )
         return Outcome.IN_PROGRESS
     except Exception as exc:
-        return record_failure(message, exc, handler, using=using)
+        duration = time.perf_counter() - started
+        return record_failure(message, exc, handler, using=using, duration=duration)
+    processed(message, time.perf_counter() - started, using)
     return Outcome.PROCESSED
+
+
+def processed(message: InboxMessage, duration: float | None, using: str) -> None:
+    observe.event(
+        "processed",
+        consumer=message.consumer,
+        message_id=message.message_id,
+        event_type=message.event_type,
+        pk=message.pk,
+        attempt=message.attempts,
+        duration=duration,
+        message=message,
+        using=using,
+    )
 
 
 def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> list[Outcome]:
@@ -241,6 +258,7 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
     if len(messages) < 2:
         return [process_claimed(message, using=using) for message in messages]
     handlers = [registry.get(m.consumer, m.event_type) for m in messages]
+    started = time.perf_counter()
     try:
         with transaction.atomic(using=using):
             for message, handler in zip(messages, handlers, strict=True):
@@ -253,6 +271,9 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
                 raise LeaseLost(messages[0].pk)
     except Exception:
         return [process_claimed(message, using=using) for message in messages]
+    share = (time.perf_counter() - started) / len(messages)
+    for message in messages:
+        processed(message, share, using)
     return [Outcome.PROCESSED] * len(messages)
 
 
@@ -306,6 +327,7 @@ def record_failure(
     handler: Handler | None,
     *,
     using: str,
+    duration: float | None = None,
 ) -> Outcome:
     """Record a failed attempt of a claimed row, fenced on its lease."""
     now = timezone.now()
@@ -334,34 +356,34 @@ def record_failure(
             "inbox message %s: lease lost before its failure could be recorded", message.message_id
         )
         return Outcome.IN_PROGRESS
-    log_failure(message, entry, status, next_attempt_at)
+    failure(message, entry, status, next_attempt_at, using=using, duration=duration)
     return Outcome(status)
 
 
-def log_failure(
-    message: InboxMessage, entry: dict[str, Any], status: str, next_attempt_at: datetime | None
+def failure(
+    message: InboxMessage,
+    entry: dict[str, Any],
+    status: str,
+    next_attempt_at: datetime | None,
+    *,
+    using: str,
+    duration: float | None = None,
 ) -> None:
-    """One line per failure: ids and the error, never the payload."""
-    if status == Status.FAILED:
-        logger.warning(
-            "inbox %s/%s %s attempt %d failed (%s); retry at %s",
-            message.consumer,
-            message.event_type,
-            message.message_id,
-            entry["attempt"],
-            entry["type"],
-            next_attempt_at.isoformat() if next_attempt_at else "-",
-        )
-    else:
-        logger.error(
-            "inbox %s/%s %s attempt %d: %s (%s)",
-            message.consumer,
-            message.event_type,
-            message.message_id,
-            entry["attempt"],
-            status,
-            entry["type"],
-        )
+    """Report a failed attempt: a log line (ids and the error type, never the payload) and
+    the ``message_failed`` / ``message_dead`` / ``message_parked`` signal."""
+    observe.event(
+        status,
+        consumer=message.consumer,
+        message_id=message.message_id,
+        event_type=message.event_type,
+        pk=message.pk,
+        attempt=entry["attempt"],
+        duration=duration,
+        message=message,
+        using=using,
+        error_type=entry["type"],
+        retry_at=next_attempt_at,
+    )
 
 
 def release(messages: list[InboxMessage], *, using: str | None = None) -> int:

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import F, Min
 from django.utils import timezone
 
-from . import history
+from . import history, observe
 from .conf import inbox_settings
 from .models import InboxMessage
 from .registry import registry
@@ -100,21 +100,30 @@ def record_abandoned_attempt(
         changes.update(status=status, next_attempt_at=retry_at, locked_until=None, lease_id="")
     else:
         status = Status.IN_PROGRESS
+    observe.event(
+        "reclaimed",
+        consumer=row.consumer,
+        message_id=row.message_id,
+        event_type=row.event_type,
+        pk=row.pk,
+        attempt=row.attempts,
+        using=using,
+        error_type="LeaseExpired",
+        retry_at=retry_at,
+        outcome=str(status),
+        detail="the worker died or hung (lease expired)",
+    )
     if dead:
-        logger.error(
-            "inbox %s/%s %s went dead: its worker died or hung in each of %d attempts",
-            row.consumer,
-            row.event_type,
-            row.message_id,
-            row.attempts,
-        )
-    else:
-        logger.warning(
-            "inbox %s/%s %s attempt %d abandoned (lease expired); retrying",
-            row.consumer,
-            row.event_type,
-            row.message_id,
-            row.attempts,
+        observe.event(
+            "dead",
+            consumer=row.consumer,
+            message_id=row.message_id,
+            event_type=row.event_type,
+            pk=row.pk,
+            attempt=row.attempts,
+            using=using,
+            error_type="LeaseExpired",
+            detail=f"its worker died or hung in each of {row.attempts} attempts",
         )
     InboxMessage.objects.using(using).filter(
         pk=row.pk, lease_id=row.lease_id, status=Status.IN_PROGRESS

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
+from . import observe
 from .models import InboxMessage
 
 _COLUMNS = (
@@ -123,7 +124,7 @@ def insert_row(row: NewRow, now: datetime, using: str) -> int | None:
     }
     vendor = connection.vendor
     if vendor not in ("postgresql", "sqlite"):
-        return _insert_with_savepoint(values, using)
+        return _insert_with_savepoint(row, values, using)
     adapt = connection.ops.adapt_datetimefield_value
     placeholder = "%s::jsonb" if vendor == "postgresql" else "%s"
     shape: list[str] = []
@@ -139,7 +140,21 @@ def insert_row(row: NewRow, now: datetime, using: str) -> int | None:
     with connection.cursor() as cursor:
         cursor.execute(_insert_sql(using, tuple(shape)), params)
         found = cursor.fetchone()
-    return None if found is None else int(found[0])
+    if found is None:
+        return None
+    _received(row, int(found[0]), using)
+    return int(found[0])
+
+
+def _received(row: NewRow, pk: int, using: str) -> None:
+    observe.event(
+        "received",
+        consumer=row.consumer,
+        message_id=row.message_id,
+        event_type=row.event_type,
+        pk=pk,
+        using=using,
+    )
 
 
 def insert_completed_rows(
@@ -190,10 +205,13 @@ def insert_completed_rows(
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return {(consumer, message_id): int(pk) for consumer, message_id, pk in cursor.fetchall()}
+        new = {(consumer, message_id): int(pk) for consumer, message_id, pk in cursor.fetchall()}
+    for key, pk in new.items():
+        _received(unique[key], pk, using)
+    return new
 
 
-def _insert_with_savepoint(values: dict[str, Any], using: str) -> int | None:
+def _insert_with_savepoint(row: NewRow, values: dict[str, Any], using: str) -> int | None:
     fields = dict(values)
     for name in _JSON_COLUMNS:
         fields[name] = json.loads(fields[name])
@@ -203,6 +221,7 @@ def _insert_with_savepoint(values: dict[str, Any], using: str) -> int | None:
             message.save(using=using, force_insert=True)
     except IntegrityError:
         return None
+    _received(row, message.pk, using)
     return message.pk
 
 

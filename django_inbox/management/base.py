@@ -6,7 +6,7 @@ from argparse import ArgumentTypeError
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser, SystemCheckError
+from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -62,3 +62,35 @@ class InboxCommand(BaseCommand):
             super().check(*args, **kwargs)
         except SystemCheckError as exc:
             raise SystemCheckError(str(exc), returncode=MISCONFIGURED) from None
+
+
+def add_metrics_option(parser: CommandParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=(
+            "Serve Prometheus metrics of this process (messages handled, processing time) on "
+            "this port; needs the prometheus extra."
+        ),
+    )
+
+
+def start_metrics(port: int | None) -> None:
+    """Expose this process's counters on ``port`` (no database gauges: one scrape per worker
+    must not query the database)."""
+    if port is None:
+        return
+    try:
+        from prometheus_client import start_http_server
+
+        from ..contrib.prometheus import install
+    except ImportError:
+        raise CommandError(
+            "--metrics-port needs prometheus-client: pip install "
+            "'django-transactional-inbox[prometheus]'",
+            returncode=MISCONFIGURED,
+        ) from None
+    install(gauges=False)
+    start_http_server(port)

@@ -8,7 +8,7 @@ from django.core.management.base import CommandError, CommandParser
 from ...conf import inbox_settings
 from ...consumer.loop import AckMode, BrokerConsumer, BrokerMisconfigured
 from ...registry import registry
-from ..base import add_stop_options
+from ..base import add_metrics_option, add_stop_options, start_metrics
 from .inbox_process import Command as ProcessCommand
 
 
@@ -81,6 +81,7 @@ class Command(ProcessCommand):
             ),
         )
         add_stop_options(parser, "broker messages")
+        add_metrics_option(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         consumer: str = options["consumer"]
@@ -114,6 +115,7 @@ class Command(ProcessCommand):
             max_messages=options["max_messages"],
             until_idle=options["until_idle"],
         )
+        start_metrics(options["metrics_port"])
         try:
             with worker.shutdown.handling_signals():
                 stats = worker.run()

@@ -6,7 +6,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from ...registry import registry
 from ...worker import Worker
-from ..base import InboxCommand, add_stop_options, seconds
+from ..base import InboxCommand, add_metrics_option, add_stop_options, seconds, start_metrics
 
 
 class Command(InboxCommand):
@@ -32,6 +32,7 @@ class Command(InboxCommand):
             help="Rows claimed per query (INBOX_BATCH_SIZE).",
         )
         add_stop_options(parser, "due messages")
+        add_metrics_option(parser)
         parser.add_argument(
             "--commit-every",
             type=int,
@@ -71,6 +72,7 @@ class Command(InboxCommand):
             poll_interval=options["poll_interval"],
             commit_every=options["commit_every"],
         )
+        start_metrics(options["metrics_port"])
         with worker.shutdown.handling_signals():
             stats = worker.run()
         if options["verbosity"] >= 1:

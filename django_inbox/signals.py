@@ -1,0 +1,123 @@
+"""Django signals for what happens to messages, sent after the change commits.
+
+Every signal is sent with ``sender=InboxMessage`` and these keyword arguments:
+
+``consumer``, ``message_id``, ``event_type``
+    Which message.
+``pk``
+    The row's primary key (``None`` for a duplicate whose row was not read).
+``attempt``
+    The attempt concerned (``0`` when none ran).
+``duration``
+    Seconds the handler ran (``None`` when no handler ran).
+``message``
+    The :class:`~django_inbox.models.InboxMessage` when one was at hand, else ``None``.
+    Receivers must not log or export its payload or headers.
+``extra``
+    A dict of details of the signal: ``error_type`` and ``retry_at`` for ``message_failed``;
+    ``error_type`` for ``message_dead`` and ``message_parked``; ``actor``, ``via``,
+    ``reason`` and ``previous_status`` for ``message_replayed``; ``outcome`` for
+    ``message_reclaimed``.
+
+Signals are sent when the transaction that made the change commits (at once outside one), so a
+receiver never hears of work that was rolled back. With no receiver connected, sending costs a
+dictionary lookup: nothing is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.dispatch import Signal
+
+if TYPE_CHECKING:
+    from .models import InboxMessage
+
+logger = logging.getLogger("django_inbox")
+
+#: A new message was stored (its first delivery).
+message_received = Signal()
+#: A delivery of a message that was already completed: acknowledged, nothing ran.
+message_duplicate = Signal()
+#: A handler's work committed and the message is ``completed``.
+message_processed = Signal()
+#: An attempt failed; the message will be retried at ``extra["retry_at"]``.
+message_failed = Signal()
+#: The message went ``dead``: attempts used up, ``Reject``, no handler, or undecodable.
+message_dead = Signal()
+#: The message was parked (``Park`` from its handler, or an operator).
+message_parked = Signal()
+#: An operator replayed the message (``inbox_replay``, the admin, the service function).
+message_replayed = Signal()
+#: The message's worker died or hung; its row was taken over (``extra["outcome"]``: the status).
+message_reclaimed = Signal()
+
+SIGNALS = {
+    "received": message_received,
+    "duplicate": message_duplicate,
+    "processed": message_processed,
+    "failed": message_failed,
+    "dead": message_dead,
+    "parked": message_parked,
+    "replayed": message_replayed,
+    "reclaimed": message_reclaimed,
+}
+
+
+def _model() -> type[InboxMessage]:
+    from .models import InboxMessage
+
+    return InboxMessage
+
+
+def listened(signal: Signal) -> bool:
+    """Whether anyone listens: senders skip building arguments when nobody does."""
+    return bool(signal.receivers) and signal.has_listeners(_model())
+
+
+def send(
+    signal: Signal,
+    *,
+    consumer: str,
+    message_id: str,
+    event_type: str,
+    pk: int | None = None,
+    attempt: int = 0,
+    duration: float | None = None,
+    message: InboxMessage | None = None,
+    using: str | None = None,
+    **extra: Any,
+) -> None:
+    """Send ``signal`` once the current transaction on ``using`` commits (now in autocommit)."""
+    if not listened(signal):
+        return
+    for key, value in list(extra.items()):
+        if isinstance(value, datetime):
+            extra[key] = value.isoformat()
+
+    def fire() -> None:
+        results = signal.send_robust(
+            sender=_model(),
+            consumer=consumer,
+            message_id=message_id,
+            event_type=event_type,
+            pk=pk,
+            attempt=attempt,
+            duration=duration,
+            message=message,
+            extra=extra,
+        )
+        for receiver, error in results:
+            if isinstance(error, Exception):
+                logger.error(
+                    "inbox signal receiver %r failed for %s %s",
+                    receiver,
+                    consumer,
+                    message_id,
+                    exc_info=error,
+                )
+
+    transaction.on_commit(fire, using=using)
