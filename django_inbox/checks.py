@@ -174,6 +174,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="django_inbox.E013",
             )
         )
+    if _setting("INBOX_METRICS"):
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            errors.append(
+                Error(
+                    "INBOX_METRICS is on but prometheus-client is not installed.",
+                    hint="pip install 'django-transactional-inbox[prometheus]', or set "
+                    "INBOX_METRICS = False.",
+                    id="django_inbox.E015",
+                )
+            )
     for name in ("INBOX_MAX_PAYLOAD_BYTES", "INBOX_BATCH_SIZE", "INBOX_PREFETCH"):
         value = _setting(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

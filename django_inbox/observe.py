@@ -13,6 +13,7 @@ unless a receiver is connected.
 from __future__ import annotations
 
 import logging
+import traceback
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ def event(
     **extra: Any,
 ) -> None:
     """Log ``kind`` (``processed``, ``failed``, …) for a message and send its signal."""
+    kind = str(kind)  # a plain string in the record, even when given a status
     level = LEVELS[kind]
     if logger.isEnabledFor(level):
         fields: dict[str, Any] = {
@@ -92,3 +94,23 @@ def event(
             using=using,
             **extra,
         )
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception for a log line: its type and the frames it went through, never its
+    message (nor a chained exception's), which may quote a payload or header value.
+
+    Handler exceptions are kept whole in the row's ``history`` (see the admin); a log line
+    only says what was raised and where.
+    """
+    kind = type(exc)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    text = f"{name} (its message is not logged: it may quote the payload)"
+    frames = traceback.format_list(traceback.extract_tb(exc.__traceback__))
+    if frames:
+        text += "\nTraceback (most recent call last):\n" + "".join(frames).rstrip("\n")
+    return text

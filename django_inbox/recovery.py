@@ -100,6 +100,13 @@ def record_abandoned_attempt(
         changes.update(status=status, next_attempt_at=retry_at, locked_until=None, lease_id="")
     else:
         status = Status.IN_PROGRESS
+    updated = (
+        InboxMessage.objects.using(using)
+        .filter(pk=row.pk, lease_id=row.lease_id, status=Status.IN_PROGRESS)
+        .update(**changes)
+    )
+    if not updated:  # someone else took the row over first: nothing happened here
+        return status
     observe.event(
         "reclaimed",
         consumer=row.consumer,
@@ -125,9 +132,6 @@ def record_abandoned_attempt(
             error_type="LeaseExpired",
             detail=f"its worker died or hung in each of {row.attempts} attempts",
         )
-    InboxMessage.objects.using(using).filter(
-        pk=row.pk, lease_id=row.lease_id, status=Status.IN_PROGRESS
-    ).update(**changes)
     return status
 
 

@@ -22,6 +22,10 @@ Every signal is sent with ``sender=InboxMessage`` and these keyword arguments:
 Signals are sent when the transaction that made the change commits (at once outside one), so a
 receiver never hears of work that was rolled back. With no receiver connected, sending costs a
 dictionary lookup: nothing is built.
+
+A receiver that raises does not stop the others, nor the inbox: its failure is logged on the
+``django_inbox`` logger with the exception's type and frames but not its message, which may
+quote the payload (Django's own ``send_robust`` log line, which quotes it, is not written).
 """
 
 from __future__ import annotations
@@ -38,22 +42,29 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_inbox")
 
+
+class _Signal(Signal):
+    def _log_robust_failure(self, receiver: Any, err: Exception) -> None:
+        """Django (5.0+) logs a failing receiver with its exception's message, which may quote
+        the payload; :func:`send` logs it without."""
+
+
 #: A new message was stored (its first delivery).
-message_received = Signal()
+message_received = _Signal()
 #: A delivery of a message that was already completed: acknowledged, nothing ran.
-message_duplicate = Signal()
+message_duplicate = _Signal()
 #: A handler's work committed and the message is ``completed``.
-message_processed = Signal()
+message_processed = _Signal()
 #: An attempt failed; the message will be retried at ``extra["retry_at"]``.
-message_failed = Signal()
+message_failed = _Signal()
 #: The message went ``dead``: attempts used up, ``Reject``, no handler, or undecodable.
-message_dead = Signal()
+message_dead = _Signal()
 #: The message was parked (``Park`` from its handler, or an operator).
-message_parked = Signal()
+message_parked = _Signal()
 #: An operator replayed the message (``inbox_replay``, the admin, the service function).
-message_replayed = Signal()
+message_replayed = _Signal()
 #: The message's worker died or hung; its row was taken over (``extra["outcome"]``: the status).
-message_reclaimed = Signal()
+message_reclaimed = _Signal()
 
 SIGNALS = {
     "received": message_received,
@@ -112,12 +123,20 @@ def send(
         )
         for receiver, error in results:
             if isinstance(error, Exception):
+                from .observe import exception_text
+
                 logger.error(
-                    "inbox signal receiver %r failed for %s %s",
-                    receiver,
+                    "inbox signal receiver %s failed for %s %s: %s",
+                    _name(receiver),
                     consumer,
                     message_id,
-                    exc_info=error,
+                    exception_text(error),
                 )
 
     transaction.on_commit(fire, using=using)
+
+
+def _name(receiver: Any) -> str:
+    name = getattr(receiver, "__qualname__", None)
+    module = getattr(receiver, "__module__", None)
+    return f"{module}.{name}" if name and module else repr(receiver)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import django
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
@@ -175,6 +176,8 @@ class InboxMessageAdmin(_ModelAdmin):
             request is None or not self.has_view_payload_permission(request)
         ):
             return False
+        if django.VERSION < (5, 0):  # lookup_allowed() takes the request since Django 5.0
+            return bool(super().lookup_allowed(lookup, value))  # type: ignore[call-arg]
         return bool(super().lookup_allowed(lookup, value, request))
 
     # --- changelist ----------------------------------------------------------------------

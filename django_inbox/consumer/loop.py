@@ -26,6 +26,7 @@ from kombu.exceptions import OperationalError as BrokerUnavailable
 from ..conf import inbox_settings
 from ..delivery import deliver, deliver_batch, prepare, store, store_dead
 from ..exceptions import InvalidMessage, InvalidMessageId, UnknownEventType
+from ..observe import exception_text
 from ..registry import registry
 from ..shutdown import Shutdown
 from ..storage import NewRow
@@ -275,8 +276,13 @@ class BrokerConsumer:
             self._database_error(exc)
             self._requeue(message)
             return
-        except Exception:
-            logger.exception("inbox_consume %s: unexpected error; requeueing", self.consumer)
+        except Exception as exc:
+            # The type and the frames, not the message: it may quote the payload.
+            logger.error(
+                "inbox_consume %s: unexpected error; requeueing: %s",
+                self.consumer,
+                exception_text(exc),
+            )
             self.stats.database_errors += 1
             self._requeue(message)
             return

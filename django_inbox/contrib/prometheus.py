@@ -1,9 +1,10 @@
 """Prometheus metrics (``pip install django-transactional-inbox[prometheus]``).
 
 Counters and a histogram are fed by the inbox's :mod:`signals <django_inbox.signals>` in each
-process; gauges are read from the database when scraped. :func:`install` connects them; the
-app does it when the app is ready if ``prometheus_client`` is installed and ``INBOX_METRICS`` is
-true. Expose them with :func:`metrics_view` in your URLs, or with ``--metrics-port`` of
+process; gauges are read from the database when scraped (never while Django starts).
+:func:`install` connects them; the app does it when it is ready if ``INBOX_METRICS`` is true
+(check ``django_inbox.E015`` reports a missing ``prometheus_client``). Expose them with
+:func:`metrics_view` in your URLs, or with ``--metrics-port`` of
 ``inbox_process`` / ``inbox_consume``, whose processes count the messages they handle.
 
 Labels are bounded: ``consumer`` and ``event_type`` only take names your handlers are
@@ -44,8 +45,11 @@ OUTCOMES = {
 }
 
 _lock = threading.Lock()
-_installed: dict[int, Metrics] = {}
-_with_gauges: set[int] = set()
+# Keyed by the registry itself, which keeps it alive: keyed by ``id()``, a registry that was
+# garbage collected would hand its id down to a new one, which would get the old metrics
+# (registered on the dead registry) instead of its own.
+_installed: dict[CollectorRegistry, Metrics] = {}
+_with_gauges: dict[CollectorRegistry, StatsCollector] = {}
 
 
 class Metrics:
@@ -98,11 +102,13 @@ def labels(consumer: str, event_type: str) -> tuple[str, str]:
 class StatsCollector(Collector):
     """Gauges read from the database at scrape time (``inbox_stats``'s numbers)."""
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        from ..stats import collect
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Registering a collector without describe() makes prometheus_client call collect()
+        # at once, which would query the database while Django starts (migrate included).
+        yield from self._families().values()
 
-        stats = collect()
-        gauges = {
+    def _families(self) -> dict[str, GaugeMetricFamily]:
+        return {
             "pending": GaugeMetricFamily(
                 "inbox_pending",
                 "Messages still to process (received, failed, in progress).",
@@ -128,6 +134,12 @@ class StatsCollector(Collector):
                 labels=["consumer"],
             ),
         }
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from ..stats import collect
+
+        stats = collect()
+        gauges = self._families()
         for name, consumer in sorted(stats.consumers.items()):
             gauges["pending"].add_metric([name], consumer.pending)
             gauges["in_progress"].add_metric([name], consumer.counts["in_progress"] or 0)
@@ -145,18 +157,18 @@ def install(registry: CollectorRegistry = REGISTRY, *, gauges: bool = True) -> M
     workers, so a scrape of each worker does not query the database.
     """
     with _lock:
-        metrics = _installed.get(id(registry))
+        metrics = _installed.get(registry)
         if metrics is None:
-            metrics = _installed[id(registry)] = Metrics(registry)
+            metrics = _installed[registry] = Metrics(registry)
             for outcome, signal in OUTCOMES.items():
                 signal.connect(
                     metrics.receiver(outcome),
                     dispatch_uid=f"django_inbox.prometheus.{id(registry)}.{outcome}",
                     weak=False,
                 )
-        if gauges and id(registry) not in _with_gauges:
-            _with_gauges.add(id(registry))
-            registry.register(StatsCollector())
+        if gauges and registry not in _with_gauges:
+            collector = _with_gauges[registry] = StatsCollector()
+            registry.register(collector)
         return metrics
 
 
