@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .durations import MAX_SECONDS
+
 
 class InvalidMessage(ValueError):
     """A message was refused before anything was stored. Subclasses say why."""
@@ -54,8 +56,11 @@ class Retry(HandlerOutcome):
 
     def __init__(self, reason: str = "", *, delay: float | None = None) -> None:
         super().__init__(reason)
-        if delay is not None and not delay >= 0:
-            raise ValueError(f"Retry delay must be a non-negative number of seconds, got {delay!r}")
+        if delay is not None and not 0 <= delay <= MAX_SECONDS:  # also refuses NaN and inf
+            raise ValueError(
+                f"Retry delay must be a number of seconds from 0 to {MAX_SECONDS:.0f}, "
+                f"got {delay!r}"
+            )
         self.delay = delay
 
 

@@ -214,11 +214,13 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         reason = no_handler_reason(message.consumer, message.event_type)
         return record_failure(message, Reject(reason), None, using=using)
     started = time.perf_counter()
+    body_done = False
     try:
         with transaction.atomic(using=using):
             run_handler(handler, message, using)
             if not complete_row(message.pk, message.lease_id, timezone.now(), using):
                 raise LeaseLost(message.pk)
+            body_done = True
     except LeaseLost:
         logger.warning(
             "inbox message %s: lease lost to another worker; this attempt's work was rolled back",
@@ -226,10 +228,35 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         )
         return Outcome.IN_PROGRESS
     except Exception as exc:
-        duration = time.perf_counter() - started
-        return record_failure(message, exc, handler, using=using, duration=duration)
+        if not (body_done and committed_anyway(exc, [message.pk], using)):
+            duration = time.perf_counter() - started
+            return record_failure(message, exc, handler, using=using, duration=duration)
     processed(message, time.perf_counter() - started, using)
     return Outcome.PROCESSED
+
+
+def committed_anyway(exc: Exception, pks: list[int], using: str) -> bool:
+    """After an exception from the end of an ``atomic`` block whose body finished: whether the
+    commit happened and the exception came from an ``on_commit`` callback run after it.
+
+    Such a callback's failure must not be taken for the handler's: the work is committed and
+    the message completed. It is logged (type and frames, not its message).
+    """
+    if connections[using].in_atomic_block:
+        return False  # a savepoint: nothing committed, and no callback has run yet
+    try:
+        done = InboxMessage.objects.using(using).filter(pk__in=pks, status=Status.COMPLETED)
+        committed = done.count() == len(pks)
+    except Exception:
+        return False
+    if committed:
+        logger.error(
+            "inbox: a transaction.on_commit callback raised after %d message(s) committed; "
+            "they are completed. Use on_commit(..., robust=True) for callbacks that may fail: %s",
+            len(pks),
+            observe.exception_text(exc),
+        )
+    return committed
 
 
 def processed(message: InboxMessage, duration: float | None, using: str) -> None:
@@ -259,18 +286,20 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
         return [process_claimed(message, using=using) for message in messages]
     handlers = [registry.get(m.consumer, m.event_type) for m in messages]
     started = time.perf_counter()
+    body_done = False
+    pks = [m.pk for m in messages]
     try:
         with transaction.atomic(using=using):
             for message, handler in zip(messages, handlers, strict=True):
                 if handler is None:
                     raise LeaseLost(message.pk)  # not an error here: handled one by one below
                 run_handler(handler, message, using)
-            if complete_rows([m.pk for m in messages], messages[0].lease_id, using) != len(
-                messages
-            ):
+            if complete_rows(pks, messages[0].lease_id, using) != len(messages):
                 raise LeaseLost(messages[0].pk)
-    except Exception:
-        return [process_claimed(message, using=using) for message in messages]
+            body_done = True
+    except Exception as exc:
+        if not (body_done and committed_anyway(exc, pks, using)):
+            return [process_claimed(message, using=using) for message in messages]
     share = (time.perf_counter() - started) / len(messages)
     for message in messages:
         processed(message, share, using)

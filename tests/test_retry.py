@@ -138,3 +138,17 @@ def test_delay_without_rng_uses_module_random() -> None:
 def test_zero_ceiling_gives_zero_delay() -> None:
     policy = RetryPolicy(max_attempts=10, backoff_base=0.0, backoff_max=0.0, lease=60.0)
     assert policy.delay(5, random.Random(0)) == 0.0
+
+
+@pytest.mark.parametrize("delay", [-1, float("nan"), float("inf"), 1000 * 365 * 86400 + 1])
+def test_retry_refuses_delays_that_cannot_be_scheduled(delay: float) -> None:
+    from django_inbox import Retry
+
+    with pytest.raises(ValueError, match="Retry delay"):
+        Retry("later", delay=delay)
+
+
+def test_retry_accepts_the_longest_schedulable_delay() -> None:
+    from django_inbox import Retry
+
+    assert Retry("later", delay=1000 * 365 * 86400).delay == 1000 * 365 * 86400

@@ -14,6 +14,17 @@ def create(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
     table = schema_editor.quote_name(apps.get_model("django_inbox", "InboxMessage")._meta.db_table)
+    with schema_editor.connection.cursor() as cursor:
+        # An interrupted CONCURRENTLY build leaves an INVALID index behind; IF NOT EXISTS would
+        # keep it. Drop it and build again.
+        cursor.execute(
+            "SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname = %s",
+            [INDEX],
+        )
+        found = cursor.fetchone()
+    if found and found[0]:
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
     schema_editor.execute(
         f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} ON {table} USING brin (received_at)"
     )
