@@ -399,55 +399,20 @@ class Inbox:
     run_worker = staticmethod(run_worker)
     check_exactly_once = staticmethod(check_exactly_once)
 
-    @staticmethod
-    def deliver(
-        *,
-        consumer: str,
-        message_id: str,
-        event_type: str,
-        payload: Any,
-        headers: Mapping[str, Any] | None = None,
-        source: str | None = "",
-        key: str | None = "",
-        redelivered: bool = False,
-    ) -> Outcome:
-        """:func:`django_inbox.deliver`."""
+    @property
+    def deliver(self) -> Callable[..., Outcome]:
+        """:func:`django_inbox.deliver` (imported when first used, so this module imports
+        before Django is set up)."""
         from .delivery import deliver
 
-        return deliver(
-            consumer=consumer,
-            message_id=message_id,
-            event_type=event_type,
-            payload=payload,
-            headers=headers,
-            source=source,
-            key=key,
-            redelivered=redelivered,
-        )
+        return deliver
 
-    @staticmethod
-    def store(
-        *,
-        consumer: str,
-        message_id: str,
-        event_type: str,
-        payload: Any,
-        headers: Mapping[str, Any] | None = None,
-        source: str | None = "",
-        key: str | None = "",
-    ) -> bool:
+    @property
+    def store(self) -> Callable[..., bool]:
         """:func:`django_inbox.store`: keep the message for :meth:`run_worker`."""
         from .delivery import store
 
-        return store(
-            consumer=consumer,
-            message_id=message_id,
-            event_type=event_type,
-            payload=payload,
-            headers=headers,
-            source=source,
-            key=key,
-        )
+        return store
 
     @staticmethod
     def row(consumer: str, message_id: str) -> InboxMessage:
