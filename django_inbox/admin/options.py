@@ -11,6 +11,7 @@ may not run before dispatching).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import django
@@ -104,6 +105,12 @@ class InboxChangeList(ChangeList):
         self.count_cap = COUNT_CAP
 
 
+#: The request of the changelist being built, for ``lookup_allowed`` on Django < 5.0, which
+#: does not pass it (a context variable: one admin instance serves every thread).
+_changelist_request: ContextVar[HttpRequest | None] = ContextVar(
+    "django_inbox_changelist_request", default=None
+)
+
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[InboxMessage]
 else:  # ModelAdmin is generic only in the type stubs
@@ -172,6 +179,8 @@ class InboxMessageAdmin(_ModelAdmin):
 
     def lookup_allowed(self, lookup: str, value: str, request: Any = None) -> bool:
         # ?payload__card=… would tell a user who may not see payloads whether one matches.
+        # Django < 5.0 passes no request: the changelist view's is used.
+        request = request if request is not None else _changelist_request.get()
         if lookup.split(LOOKUP_SEP, 1)[0] in PAYLOAD_FIELDS and (
             request is None or not self.has_view_payload_permission(request)
         ):
@@ -223,7 +232,8 @@ class InboxMessageAdmin(_ModelAdmin):
         if value and field == "pk":
             number = value.strip()
             # isdigit() alone accepts "²", which int() refuses.
-            valid = number.isascii() and number.isdigit()
+            # Beyond a bigint no row can match (and Django < 5.0 would send it and fail).
+            valid = number.isascii() and number.isdigit() and int(number) < 2**63
             return (queryset.filter(pk=int(number)) if valid else queryset.none()), False
         # consumer = ANY(…) AND message_id = … is one probe of the unique index per consumer.
         return queryset.filter(consumer__in=known_consumers(), message_id=term), False
@@ -232,7 +242,11 @@ class InboxMessageAdmin(_ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         extra_context = {**(extra_context or {}), "inbox_summary": self.summary(request)}
-        return super().changelist_view(request, extra_context)
+        token = _changelist_request.set(request)
+        try:
+            return super().changelist_view(request, extra_context)
+        finally:
+            _changelist_request.reset(token)
 
     def summary(self, request: HttpRequest) -> dict[str, Any]:
         """Counts per consumer and status with links, oldest due age, stuck/dead rows, problems."""
