@@ -22,6 +22,7 @@ COMMANDS = [
     "inbox_purge",
     "inbox_replay",
     "inbox_stats",
+    "inbox_show",
 ]
 
 

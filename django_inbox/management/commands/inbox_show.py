@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from ...conf import inbox_settings
+from ...models import InboxMessage
+from ..base import InboxCommand
+
+#: Exit code when no message matched.
+NOT_FOUND = 1
+
+
+class Command(InboxCommand):
+    help = (
+        "Show messages by message id (in every consumer, or one) or row id: status, attempts, "
+        "times, last error and the history of attempts and operator actions. Payloads and "
+        "headers only with --payload. Exit codes: 0 found, 1 not found, 2 misconfigured."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("message_ids", nargs="*", metavar="MESSAGE_ID", help="Message id.")
+        parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")
+        parser.add_argument(
+            "--id", type=int, action="append", dest="pks", default=[], help="Row id; repeatable."
+        )
+        parser.add_argument("--json", action="store_true", help="Print JSON (for scripts).")
+        parser.add_argument(
+            "--payload",
+            action="store_true",
+            help="Also print payloads and headers (they may hold personal data).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not options["message_ids"] and not options["pks"]:
+            raise CommandError("Give a MESSAGE_ID or --id.", returncode=2)
+        rows = InboxMessage.objects.using(inbox_settings.database).none()
+        base = InboxMessage.objects.using(inbox_settings.database)
+        if options["consumer"]:
+            base = base.filter(consumer=options["consumer"])
+        if options["message_ids"]:
+            rows = rows | base.filter(message_id__in=options["message_ids"])
+        if options["pks"]:
+            rows = rows | base.filter(pk__in=options["pks"])
+        found = list(rows.order_by("consumer", "pk"))
+        if options["json"]:
+            self.stdout.write(
+                json.dumps([describe(m, options["payload"]) for m in found], indent=2, default=str)
+            )
+        else:
+            for message in found:
+                self.stdout.write(render(message, options["payload"]))
+        if not found:
+            raise CommandError("no such message", returncode=NOT_FOUND)
+
+
+def describe(message: InboxMessage, payload: bool) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "id": message.pk,
+        "consumer": message.consumer,
+        "message_id": message.message_id,
+        "event_type": message.event_type,
+        "source": message.source,
+        "key": message.key,
+        "status": message.status,
+        "attempts": message.attempts,
+        "received_at": message.received_at,
+        "updated_at": message.updated_at,
+        "next_attempt_at": message.next_attempt_at,
+        "locked_until": message.locked_until,
+        "processed_at": message.processed_at,
+        "last_error": message.last_error,
+        "history": message.history,
+    }
+    if payload:
+        data["payload"] = message.payload
+        data["headers"] = message.headers
+    return data
+
+
+def _when(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if value else "-"
+
+
+def render(message: InboxMessage, payload: bool) -> str:
+    lines = [
+        f"{message.consumer} {message.message_id} (id {message.pk}): {message.status}, "
+        f"{message.attempts} attempt(s)",
+        f"  event type  {message.event_type}"
+        + (f"   source {message.source}" if message.source else "")
+        + (f"   key {message.key}" if message.key else ""),
+        f"  received    {_when(message.received_at)}   updated {_when(message.updated_at)}",
+        f"  next        {_when(message.next_attempt_at)}   processed {_when(message.processed_at)}",
+    ]
+    if message.last_error:
+        lines.append(f"  last error  {message.last_error}")
+    for entry in message.history:
+        at = entry.get("at", "")[:19]
+        if entry.get("kind") == "error":
+            retry = f", retry at {entry['retry_at'][:19]}" if entry.get("retry_at") else ""
+            lines.append(
+                f"  {at}  attempt {entry.get('attempt')} -> {entry.get('outcome')}{retry}: "
+                f"{entry.get('type')}: {entry.get('message', '')}"
+            )
+        else:
+            reason = f": {entry['reason']}" if entry.get("reason") else ""
+            lines.append(
+                f"  {at}  {entry.get('kind')} by {entry.get('by')} via {entry.get('via')} "
+                f"(was {entry.get('from')}){reason}"
+            )
+    if payload:
+        lines.append("  payload     " + json.dumps(message.payload, ensure_ascii=False))
+        lines.append("  headers     " + json.dumps(message.headers, ensure_ascii=False))
+    return "\n".join(lines)
