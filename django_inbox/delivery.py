@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 from django.utils import timezone
 
 from . import history, observe
@@ -20,7 +20,7 @@ from .models import InboxMessage
 from .outcomes import Outcome
 from .processing import (
     claim_batch,
-    committed_anyway,
+    committing,
     failure,
     failure_outcome,
     no_handler_reason,
@@ -102,21 +102,17 @@ def deliver_batch(rows: list[NewRow]) -> list[Outcome]:
         row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
     ran: dict[tuple[str, str], InboxMessage] = {}
     started = time.perf_counter()
-    body_done = False
     try:
-        with transaction.atomic(using=using):
+        with committing(using, lambda: [message.pk for message in ran.values()]):
             new = insert_completed_rows(rows, now, using)
             for row, handler in zip(rows, handlers, strict=True):
                 key = (row.consumer, row.message_id)
                 if key in new and key not in ran:
                     ran[key] = message = _materialise(row, new[key], using)
                     run_handler(handler, message, using)  # type: ignore[arg-type]
-            body_done = True
-    except Exception as exc:
-        pks = [message.pk for message in ran.values()]
-        if not (body_done and committed_anyway(exc, pks, using)):
-            logger.info("inbox batch of %d rolled back; delivering one by one", len(rows))
-            return [_deliver_row(_fresh(row), using) for row in rows]
+    except Exception:
+        logger.info("inbox batch of %d rolled back; delivering one by one", len(rows))
+        return [_deliver_row(_fresh(row), using) for row in rows]
     share = (time.perf_counter() - started) / max(len(ran), 1)
     outcomes: list[Outcome] = []
     for row in rows:
@@ -281,20 +277,17 @@ def _deliver_row(
     pk: int | None = None
     message: InboxMessage | None = None
     started = time.perf_counter()
-    body_done = False
     try:
-        with transaction.atomic(using=using):
+        with committing(using, lambda: [] if pk is None else [pk]):
             pk = insert_row(row, now, using)
             if pk is not None:
                 message = _materialise(row, pk, using)
                 run_handler(handler, message, using)
-            body_done = True
     except Exception as exc:
         if pk is None:
             raise  # the inbox's own insert failed: nothing is stored, let the caller retry
-        if not (body_done and committed_anyway(exc, [pk], using)):
-            duration = time.perf_counter() - started
-            return _record_first_failure(row, exc, handler, using, duration)
+        duration = time.perf_counter() - started
+        return _record_first_failure(row, exc, handler, using, duration)
     if message is None:
         return _deliver_existing(row, using, again=again)
     processed(message, time.perf_counter() - started, using)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -214,13 +216,11 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         reason = no_handler_reason(message.consumer, message.event_type)
         return record_failure(message, Reject(reason), None, using=using)
     started = time.perf_counter()
-    body_done = False
     try:
-        with transaction.atomic(using=using):
+        with committing(using, lambda: [message.pk]):
             run_handler(handler, message, using)
             if not complete_row(message.pk, message.lease_id, timezone.now(), using):
                 raise LeaseLost(message.pk)
-            body_done = True
     except LeaseLost:
         logger.warning(
             "inbox message %s: lease lost to another worker; this attempt's work was rolled back",
@@ -228,20 +228,33 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         )
         return Outcome.IN_PROGRESS
     except Exception as exc:
-        if not (body_done and committed_anyway(exc, [message.pk], using)):
-            duration = time.perf_counter() - started
-            return record_failure(message, exc, handler, using=using, duration=duration)
+        duration = time.perf_counter() - started
+        return record_failure(message, exc, handler, using=using, duration=duration)
     processed(message, time.perf_counter() - started, using)
     return Outcome.PROCESSED
 
 
-def committed_anyway(exc: Exception, pks: list[int], using: str) -> bool:
-    """After an exception from the end of an ``atomic`` block whose body finished: whether the
-    commit happened and the exception came from an ``on_commit`` callback run after it.
+@contextmanager
+def committing(using: str, pks: Callable[[], list[int]]) -> Iterator[None]:
+    """``transaction.atomic()`` that does not take a failing ``on_commit`` callback for a
+    failure of its body.
 
-    Such a callback's failure must not be taken for the handler's: the work is committed and
-    the message completed. It is logged (type and frames, not its message).
+    Django runs the callbacks after the commit, inside ``atomic``'s exit, so their exception
+    comes out of the block as if the work had failed. Here an exception raised after the body
+    finished is swallowed (and logged: type and frames, not its message) when the commit did
+    happen, i.e. the rows ``pks()`` are ``completed``; any other exception propagates.
     """
+    body_done = False
+    try:
+        with transaction.atomic(using=using):
+            yield
+            body_done = True
+    except Exception as exc:
+        if not (body_done and _committed(exc, pks(), using)):
+            raise
+
+
+def _committed(exc: Exception, pks: list[int], using: str) -> bool:
     if connections[using].in_atomic_block:
         return False  # a savepoint: nothing committed, and no callback has run yet
     try:
@@ -286,20 +299,17 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
         return [process_claimed(message, using=using) for message in messages]
     handlers = [registry.get(m.consumer, m.event_type) for m in messages]
     started = time.perf_counter()
-    body_done = False
     pks = [m.pk for m in messages]
     try:
-        with transaction.atomic(using=using):
+        with committing(using, lambda: pks):
             for message, handler in zip(messages, handlers, strict=True):
                 if handler is None:
                     raise LeaseLost(message.pk)  # not an error here: handled one by one below
                 run_handler(handler, message, using)
             if complete_rows(pks, messages[0].lease_id, using) != len(messages):
                 raise LeaseLost(messages[0].pk)
-            body_done = True
-    except Exception as exc:
-        if not (body_done and committed_anyway(exc, pks, using)):
-            return [process_claimed(message, using=using) for message in messages]
+    except Exception:
+        return [process_claimed(message, using=using) for message in messages]
     share = (time.perf_counter() - started) / len(messages)
     for message in messages:
         processed(message, share, using)
