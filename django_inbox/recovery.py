@@ -75,7 +75,7 @@ def record_abandoned_attempt(
     stays ``in_progress`` for the claim that is taking it over; without, it becomes ``failed``
     and due after the policy's backoff, as if its handler had raised.
     """
-    policy = RetryPolicy.for_handler(row.consumer, registry.get(row.consumer, row.event_type))
+    policy = _policy(row)
     dead = row.attempts >= policy.max_attempts
     retry_at = None if dead else now if retry_now else now + _seconds(policy.delay(row.attempts))
     entry = history.error_entry(
@@ -133,6 +133,10 @@ def record_abandoned_attempt(
             detail=f"its worker died or hung in each of {row.attempts} attempts",
         )
     return status
+
+
+def _policy(row: InboxMessage) -> RetryPolicy:
+    return RetryPolicy.for_handler(row.consumer, registry.get(row.consumer, row.event_type))
 
 
 def _seconds(value: float) -> timedelta:
@@ -203,10 +207,8 @@ def reclaim(
             for row in blamed:
                 status: str
                 if dry_run:
-                    policy = RetryPolicy.for_handler(
-                        row.consumer, registry.get(row.consumer, row.event_type)
-                    )
-                    status = Status.DEAD if row.attempts >= policy.max_attempts else Status.FAILED
+                    dead = row.attempts >= _policy(row).max_attempts
+                    status = Status.DEAD if dead else Status.FAILED
                 else:
                     status = record_abandoned_attempt(row, now, using, retry_now=False)
                 result.rows.append((row.consumer, row.message_id, status))
