@@ -29,13 +29,14 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
+
+from bench.common import code_version
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -443,26 +444,6 @@ def machine_facts() -> dict[str, Any]:
         "reltuples": int(reltuples),
         "code": code_version(),
     }
-
-
-def code_version() -> str:
-    """The commit measured, and whether django_inbox/ had uncommitted changes."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "django_inbox"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    return f"{head} + uncommitted changes in django_inbox/" if dirty else head
 
 
 def summarize(seconds: list[float]) -> dict[str, float]:

@@ -65,6 +65,8 @@ if sys.path and Path(sys.path[0] or ".").resolve() == BENCH_DIR:
     sys.path.pop(0)  # import bench.* as a package, never its modules as top-level ones
 sys.path[:0] = [str(ROOT), str(ROOT / "testproject")]
 
+from bench.common import code_version  # noqa: E402  (importable once the path is set)
+
 DB_NAME = "inbox_bench"
 PG_HOST = "127.0.0.1"
 PG_PORT = 5432
@@ -198,26 +200,6 @@ def machine_facts() -> dict[str, Any]:
         "django_settings": "bench.settings = testproject.settings + app 'bench', DEBUG=False",
         "code": code_version(),
     }
-
-
-def code_version() -> str:
-    """The commit measured, and whether django_inbox/ had uncommitted changes."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "django_inbox"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    return f"{head} + uncommitted changes in django_inbox/" if dirty else head
 
 
 # ----------------------------------------------------------------------------- timing
