@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from . import history, observe
@@ -194,11 +194,10 @@ def _act(
 ) -> ActionResult:
     using = inbox_settings.database
     result = ActionResult(action=action, dry_run=dry_run)
-    other = rows.exclude(status__in=statuses).values_list("status").order_by()
-    for (status,) in other.distinct():
-        result.refused[f"{status} (cannot {action} from {status})"] += rows.filter(
-            status=status
-        ).count()
+    other = rows.exclude(status__in=statuses).order_by().values("status").annotate(n=Count("pk"))
+    for found in other:  # one GROUP BY for every status the action leaves alone
+        status = found["status"]
+        result.refused[f"{status} (cannot {action} from {status})"] += found["n"]
     in_sql = connections[using].vendor == "postgresql"
     fields = ["pk", "consumer", "message_id", "event_type", "status", "attempts"]
     last_pk = 0
