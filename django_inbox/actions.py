@@ -93,6 +93,13 @@ def select(
     return rows
 
 
+def count_by_status(rows: QuerySet[InboxMessage]) -> dict[str, int]:
+    """How many of ``rows`` are in each status (one ``GROUP BY``)."""
+    return {
+        row["status"]: row["n"] for row in rows.order_by().values("status").annotate(n=Count("pk"))
+    }
+
+
 def replay(
     rows: QuerySet[InboxMessage],
     *,

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from .exceptions import HandlerOutcome
+from .text import exception_message, storable
 
 MAX_ENTRIES = 100
 MAX_MESSAGE = 2000
@@ -32,23 +33,22 @@ def error_entry(
     """Describe a failed attempt. Tracebacks keep their last lines, where the error is.
 
     ``retry_at`` is when the next attempt was scheduled (``failed`` outcomes only).
+    Every text is made storable (:func:`~django_inbox.text.storable`): an exception may carry
+    a NUL or a lone surrogate, or fail to print at all, and its failure must still be recorded.
     """
+    tb = ""
     if exc is not None:
         error_type = error_type or type(exc).__name__
         message = message if message is not None else _message(exc)
-        if isinstance(exc, HandlerOutcome):
-            tb = ""
-        else:
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    else:
-        tb = ""
+        if not isinstance(exc, HandlerOutcome):
+            tb = _traceback(exc)
     return {
         "kind": "error",
         "at": at.isoformat(),
         "attempt": attempt,
-        "type": error_type or "Error",
-        "message": (message or "")[:MAX_MESSAGE],
-        "traceback": tb[-MAX_TRACEBACK:],
+        "type": storable(error_type or "Error")[:MAX_ACTOR],
+        "message": storable(message or "")[:MAX_MESSAGE],
+        "traceback": storable(tb)[-MAX_TRACEBACK:],
         "outcome": outcome,
         "retry_at": retry_at.isoformat() if retry_at is not None else None,
     }
@@ -56,8 +56,15 @@ def error_entry(
 
 def _message(exc: BaseException) -> str:
     if isinstance(exc, HandlerOutcome):
-        return exc.reason
-    return str(exc)
+        return storable(exc.reason)
+    return exception_message(exc)
+
+
+def _traceback(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:  # a broken __str__ deep in a chain, a frame that cannot be read
+        return f"{type(exc).__name__}: the traceback could not be formatted"
 
 
 def summary(entry: dict[str, Any]) -> str:
@@ -88,9 +95,9 @@ def action_entry(
     return {
         "kind": kind,
         "at": at.isoformat(),
-        "by": actor[:MAX_ACTOR],
-        "via": via,
-        "reason": reason[:MAX_MESSAGE],
+        "by": storable(actor)[:MAX_ACTOR],
+        "via": storable(via),
+        "reason": storable(reason)[:MAX_MESSAGE],
         "from": previous_status,
         "attempts": attempts,
     }

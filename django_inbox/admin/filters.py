@@ -14,14 +14,7 @@ from django.utils.translation import gettext_lazy as _
 from ..conf import inbox_settings
 from ..models import ATTENTION_STATUSES, InboxMessage
 from ..registry import registry
-from ..stats import distinct_consumers
-
-
-def known_consumers() -> list[str]:
-    """Consumers with handlers or a policy, and any that have rows (an index walk, no scan)."""
-    names = set(registry.consumers()) | set(inbox_settings.consumers)
-    names.update(distinct_consumers())
-    return sorted(names)
+from ..stats import known_consumers
 
 
 class ConsumerFilter(admin.SimpleListFilter):

@@ -20,7 +20,8 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
-from django.db.models import Count, QuerySet
+from django.core.exceptions import BadRequest
+from django.db.models import QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -30,12 +31,12 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
 from .. import actions as services
-from ..actions import ActionResult
+from ..actions import ActionResult, count_by_status
 from ..models import ATTENTION_STATUSES, InboxMessage
-from ..stats import PROBLEM_KINDS, STATUSES, collect
-from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter, known_consumers
+from ..stats import PROBLEM_KINDS, STATUSES, collect, known_consumers
+from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter
 from .paginator import COUNT_CAP, CappedCountPaginator
-from .render import pretty_json, status_badge, timeline
+from .render import error_type, pretty_json, status_badge, timeline
 
 Status = InboxMessage.Status
 PERMISSION_PREFIX = "django_inbox."
@@ -43,8 +44,9 @@ PERMISSION_PREFIX = "django_inbox."
 #: this many rows: a page view must not read the table (``inbox_stats`` counts up to
 #: :data:`django_inbox.stats.ESTIMATE_ABOVE`).
 SUMMARY_ESTIMATE_ABOVE = 100_000
-#: Fields only users with ``view_payload_inboxmessage`` may see or filter the list by.
-PAYLOAD_FIELDS = ("payload", "headers")
+#: Fields only users with ``view_payload_inboxmessage`` may see or filter the list by: the
+#: payload and headers, and the error texts and history, which often quote the payload.
+PAYLOAD_FIELDS = ("payload", "headers", "last_error", "history")
 
 #: What each action does: (service call, statuses it starts from, needs a reason, verb).
 ACTIONS: dict[str, dict[str, Any]] = {
@@ -202,6 +204,16 @@ class InboxMessageAdmin(_ModelAdmin):
     def short_error(self, obj: InboxMessage) -> str:
         return Truncator(obj.last_error).chars(80) if obj.last_error else ""
 
+    @admin.display(description="last error")
+    def last_error_type(self, obj: InboxMessage) -> str:
+        return error_type(obj.last_error)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        columns = super().get_list_display(request)
+        if self.has_view_payload_permission(request):
+            return columns
+        return [("last_error_type" if c == "short_error" else c) for c in columns]
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[InboxMessage]:
         # The changelist never needs the payload, headers or history of 50 rows of up to 1 MiB each.
         queryset = super().get_queryset(request)
@@ -241,6 +253,7 @@ class InboxMessageAdmin(_ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        refuse_unstorable_query(request)
         extra_context = {**(extra_context or {}), "inbox_summary": self.summary(request)}
         token = _changelist_request.set(request)
         try:
@@ -286,11 +299,8 @@ class InboxMessageAdmin(_ModelAdmin):
     # --- detail page ---------------------------------------------------------------------
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        payload = (
-            ("payload_display", "headers_display")
-            if self.has_view_payload_permission(request)
-            else ("payload_hidden",)
-        )
+        sensitive = self.has_view_payload_permission(request)
+        payload = ("payload_display", "headers_display") if sensitive else ("payload_hidden",)
         return [
             (
                 None,
@@ -310,12 +320,15 @@ class InboxMessageAdmin(_ModelAdmin):
                     "fields": (
                         ("attempts", "next_attempt_at", "locked_until"),
                         ("received_at", "updated_at", "processed_at"),
-                        "last_error",
+                        "last_error" if sensitive else "last_error_type",
                     )
                 },
             ),
             ("Payload", {"fields": payload}),
-            ("Timeline", {"fields": ("timeline_display",)}),
+            (
+                "Timeline",
+                {"fields": ("timeline_display" if sensitive else "timeline_redacted",)},
+            ),
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -346,6 +359,16 @@ class InboxMessageAdmin(_ModelAdmin):
     def timeline_display(self, obj: InboxMessage) -> SafeString:
         return timeline(obj)
 
+    @admin.display(description="timeline")
+    def timeline_redacted(self, obj: InboxMessage) -> SafeString:
+        # A constant note, then the timeline without error texts (escaped by format_html).
+        note = mark_safe(
+            '<p class="inbox-hidden">Hidden: error messages may quote the payload. Seeing '
+            "them and their tracebacks needs the “Can see inbox message payloads and "
+            "headers” permission.</p>"
+        )
+        return note + timeline(obj, errors=False)
+
     def change_view(
         self,
         request: HttpRequest,
@@ -353,6 +376,7 @@ class InboxMessageAdmin(_ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        refuse_unstorable_query(request)
         allowed = self.get_actions(request)
         status = (
             self.get_queryset(request).filter(pk=object_id).values_list("status", flat=True).first()
@@ -434,16 +458,18 @@ class InboxMessageAdmin(_ModelAdmin):
                 error = "Say why: a reason is required for this action."
             else:
                 # Counted before the run: afterwards the re-run rows are no longer completed.
-                elsewhere = _counts(refused_elsewhere) if refused_elsewhere is not None else {}
+                elsewhere = (
+                    count_by_status(refused_elsewhere) if refused_elsewhere is not None else {}
+                )
                 result = run(queryset, actor_of(request), reason)
                 for status, count in elsewhere.items():
                     result.refused[f"{status} (not completed)"] += count
                 self._audit(request, result, spec, reason)
                 self._report(request, result, spec)
                 return None
-        counts = _counts(queryset)
+        counts = count_by_status(queryset)
         if refused_elsewhere is not None:
-            for status, count in _counts(refused_elsewhere).items():
+            for status, count in count_by_status(refused_elsewhere).items():
                 counts[status] = counts.get(status, 0) + count
         eligible = sum(n for status, n in counts.items() if status in spec["from"])
         context = {
@@ -500,13 +526,16 @@ class InboxMessageAdmin(_ModelAdmin):
             self.message_user(request, f"Left unchanged: {refused}.", messages.WARNING)
 
 
+def refuse_unstorable_query(request: HttpRequest) -> None:
+    """A NUL in the query string can match no row, and PostgreSQL refuses it in a query:
+    answer 400 instead of a server error."""
+    for key, values in request.GET.lists():
+        if "\x00" in key or any("\x00" in value for value in values):
+            raise BadRequest("the query string contains a NUL character")
+
+
 def actor_of(request: HttpRequest) -> str:
     user = request.user
     return f"{user.get_username()} (admin user {user.pk})"
 
 
-def _counts(queryset: QuerySet[InboxMessage]) -> dict[str, int]:
-    return {
-        row["status"]: row["n"]
-        for row in queryset.order_by().values("status").annotate(n=Count("id"))
-    }

@@ -45,12 +45,22 @@ def _when(value: str | datetime | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else str(value)
 
 
-def _error_item(entry: dict[str, Any]) -> SafeString:
+def _error_item(entry: dict[str, Any], *, errors: bool) -> SafeString:
     retry = (
         format_html(" — next attempt at {}", _when(entry.get("retry_at")))
         if entry.get("retry_at")
         else ""
     )
+    if not errors:  # error messages and tracebacks may quote the payload
+        return format_html(
+            '<li class="inbox-event inbox-event-error"><time>{}</time> '
+            "<strong>Attempt {} failed</strong> → {}{}<br><code>{}</code></li>",
+            _when(entry.get("at")),
+            entry.get("attempt", "?"),
+            entry.get("outcome", ""),
+            retry,
+            entry.get("type", ""),
+        )
     traceback = (
         format_html(
             '<details><summary>Traceback</summary><pre class="inbox-traceback">{}</pre></details>',
@@ -72,6 +82,21 @@ def _error_item(entry: dict[str, Any]) -> SafeString:
     )
 
 
+def _interrupted_item(entry: dict[str, Any], *, errors: bool) -> SafeString:
+    return format_html(
+        '<li class="inbox-event inbox-event-interrupted"><time>{}</time> '
+        "<strong>Attempt {} interrupted</strong> (not counted){}</li>",
+        _when(entry.get("at")),
+        entry.get("attempt", "?"),
+        format_html(": {}", entry.get("message", "")) if errors else "",
+    )
+
+
+def error_type(last_error: str) -> str:
+    """The exception's class of a ``last_error`` line (``"Type: message"``)."""
+    return last_error.split(":", 1)[0].strip()
+
+
 _ACTION_VERBS = {"replay": "Replayed", "park": "Parked", "retry": "Retry now"}
 
 
@@ -90,8 +115,12 @@ def _action_item(entry: dict[str, Any]) -> SafeString:
     )
 
 
-def timeline(message: InboxMessage) -> SafeString:
-    """Received, every failed attempt (with traceback), every operator action, completion."""
+def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
+    """Received, every failed attempt (with traceback), every operator action, completion.
+
+    ``errors=False`` leaves out error messages and tracebacks (for users who may not see
+    payloads: an error often quotes one), keeping each failure's class and time.
+    """
     items: list[SafeString] = [
         format_html(
             '<li class="inbox-event"><time>{}</time> <strong>Received</strong>{}</li>',
@@ -101,7 +130,9 @@ def timeline(message: InboxMessage) -> SafeString:
     ]
     for entry in message.history:
         if entry.get("kind") == "error":
-            items.append(_error_item(entry))
+            items.append(_error_item(entry, errors=errors))
+        elif entry.get("kind") == "interrupted":
+            items.append(_interrupted_item(entry, errors=errors))
         else:
             items.append(_action_item(entry))
     if message.processed_at is not None:

@@ -1,0 +1,161 @@
+"""The admin against what a handler's error may quote and what a URL may carry.
+
+Error texts and tracebacks often quote the payload (``f"card declined: {payload}"``): only
+users who may see payloads see or search them; the others see the exception's class and
+when it happened. No query string, however hostile, is a server error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.utils import timezone
+
+from django_inbox import history
+from django_inbox.models import InboxMessage
+from tests.test_admin import CHANGELIST, change_url, html, login, make_row, make_user
+
+Status = InboxMessage.Status
+SECRET = "4111-SECRET-CARD"
+
+
+def failed_row() -> InboxMessage:
+    try:
+        raise RuntimeError(f"card declined: {{'card': '{SECRET}'}}")
+    except RuntimeError as exc:
+        entry = history.error_entry(exc, attempt=1, at=timezone.now(), outcome=Status.DEAD)
+    return make_row(
+        Status.DEAD,
+        payload={"card": SECRET},
+        last_error=history.summary(entry),
+        history=[entry],
+    )
+
+
+def user_with(role: str) -> Any:
+    if role != "payload_viewer":
+        return make_user(role)
+    user = make_user("viewer", username="payload_viewer")
+    user.user_permissions.add(
+        Permission.objects.get(
+            content_type__app_label="django_inbox", codename="view_payload_inboxmessage"
+        )
+    )
+    return user
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("role", ["viewer", "operator", "payload_viewer", "superuser"])
+def test_error_texts_and_tracebacks_only_with_the_payload_permission(role: str) -> None:
+    row = failed_row()
+    client = login(user_with(role))
+
+    changelist = html(client.get(CHANGELIST))
+    detail = html(client.get(change_url(row.pk)))
+    searches = {
+        lookup: client.get(CHANGELIST, {lookup: "SECRET"})
+        for lookup in ("last_error__icontains", "history__icontains", "last_error__contains")
+    }
+
+    may_see = role in ("payload_viewer", "superuser")
+    for page in (changelist, detail):
+        assert (SECRET in page) is may_see, role
+        assert "RuntimeError" in page, "the exception's class is shown to every viewer"
+    assert ("Traceback" in detail) is may_see
+    for lookup, response in searches.items():
+        if may_see:
+            assert response.status_code == 200, lookup
+            assert row.pk in {r.pk for r in response.context["cl"].result_list}, lookup
+        else:
+            assert response.status_code == 400, lookup
+    if not may_see:
+        assert "Hidden: error messages may quote the payload" in detail
+
+
+HOSTILE_VALUES = [
+    "\x00",
+    "dead\x00",
+    "\x00x",
+    "%00",
+    "\ud800",
+    "x" * 5000,
+    "9" * 40,
+    "-1",
+    "1e309",
+    "nan",
+    "2026-13-45",
+    "' OR 1=1 --",
+    "<script>",
+    "[]",
+    "{}",
+    "",
+]
+HOSTILE_KEYS = [
+    "status",
+    "status__exact",
+    "consumer",
+    "event_type",
+    "received",
+    "q",
+    "o",
+    "p",
+    "e",
+    "all",
+    "pk",
+    "id__gt",
+    "attempts",
+    "attempts__gte",
+    "received_at__gte",
+    "next_attempt_at__lt",
+    "message_id",
+    "message_id__in",
+    "key",
+    "source__startswith",
+    "_changelist_filters",
+    "\x00",
+]
+
+
+@pytest.mark.django_db
+def test_no_query_string_is_a_server_error() -> None:
+    make_row(Status.DEAD)
+    make_row(Status.COMPLETED)
+    client = login(make_user("superuser"))
+    rng = random.Random(7)
+    pairs = list(itertools.product(HOSTILE_KEYS, HOSTILE_VALUES))
+    combos = [[pair] for pair in pairs] + [rng.sample(pairs, 3) for _ in range(150)]
+
+    errors = []
+    for query in combos:
+        # Lone surrogates reach the server as the invalid UTF-8 of their code points.
+        encoded = "&".join(
+            f"{quote(k, errors='surrogatepass')}={quote(v, errors='surrogatepass')}"
+            for k, v in query
+        )
+        response = client.get(f"{CHANGELIST}?{encoded}")
+        if response.status_code >= 500:
+            errors.append((query, response.status_code))
+    for value in ("\x00", "1\x00", "9" * 40):
+        response = client.get(f"{CHANGELIST}{value}/change/")
+        if response.status_code >= 500:
+            errors.append((value, response.status_code))
+
+    assert errors == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "query", ["event_type=%00", "status=dead%00", "consumer=%00x", "q=%00", "status__exact=%00"]
+)
+def test_nul_in_a_filter_is_a_bad_request(query: str) -> None:
+    make_row(Status.DEAD)
+    client = login(make_user("superuser"))
+
+    response = client.get(f"{CHANGELIST}?{query}")
+
+    assert response.status_code == 400
