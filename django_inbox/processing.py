@@ -21,9 +21,10 @@ from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from . import history, observe
+from . import history, interruptions, observe
 from .conf import inbox_settings
-from .exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted
+from .db.connection import connection_lost
+from .exceptions import ConnectionLost, LeaseLost, Park, Reject, Retry, TransactionAborted
 from .models import POLLED_STATUSES, InboxMessage
 from .outcomes import Outcome
 from .recovery import (
@@ -67,12 +68,36 @@ def claim_batch(
     rows of a dead worker: those are always run one transaction each.
     """
     using = using or inbox_settings.database
+    lease_id = (SHARED_TRANSACTION if shared_transaction else "") + uuid.uuid4().hex
+    try:
+        return _claim(consumer, limit, using, message_id, lease_id)
+    except Exception as exc:
+        # The claim may have committed with its reply lost: its rows hold a lease nobody
+        # knows. Give them back, uncounted, once the database is reachable again.
+        if connection_lost(exc, using):
+            for lease in {lease_id, _solo(lease_id)}:
+                interruptions.note([], using=using, lease_id=lease, error=exc)
+        raise
+
+
+def _solo(lease_id: str) -> str:
+    """The lease a claim uses when it takes over a dead worker's rows (never shared)."""
+    return lease_id.removeprefix(SHARED_TRANSACTION)
+
+
+def _claim(
+    consumer: str,
+    limit: int,
+    using: str,
+    message_id: str | None,
+    lease_id: str,
+) -> list[InboxMessage]:
     if message_id is None and connections[using].vendor == "postgresql":
         # Usually nothing was abandoned: claim new and due rows in one statement, and look
         # for dead workers' rows (the general path below) at least every second.
         checked = time.monotonic() - _takeover_checked.get((using, consumer), 0.0)
         if checked < TAKEOVER_CHECK_INTERVAL:
-            claimed = claim_fresh(consumer, limit, using, shared_transaction)
+            claimed = claim_fresh(consumer, limit, using, lease_id)
             if claimed:
                 return claimed
         _takeover_checked[(using, consumer)] = time.monotonic()
@@ -92,8 +117,8 @@ def claim_batch(
         ids = [row.pk for row in candidates if row.pk not in dropped]
         if not ids:
             return []
-        shared = shared_transaction and not abandoned
-        lease_id = (SHARED_TRANSACTION if shared else "") + uuid.uuid4().hex
+        if abandoned:
+            lease_id = _solo(lease_id)  # a dead worker's rows run one transaction each
         until = now + timedelta(seconds=inbox_settings.policy(consumer).lease)
         rows.filter(pk__in=ids, status__in=POLLED_STATUSES, next_attempt_at__lte=now).update(
             status=Status.IN_PROGRESS,
@@ -112,9 +137,7 @@ TAKEOVER_CHECK_INTERVAL = 1.0
 _takeover_checked: dict[tuple[str, str], float] = {}
 
 
-def claim_fresh(
-    consumer: str, limit: int, using: str, shared_transaction: bool = False
-) -> list[InboxMessage]:
+def claim_fresh(consumer: str, limit: int, using: str, lease_id: str) -> list[InboxMessage]:
     """PostgreSQL: claim ``received`` and due ``failed`` rows in one statement.
 
     ``UPDATE … WHERE id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED)) RETURNING …`` in
@@ -129,7 +152,6 @@ def claim_fresh(
     names = [field.attname for field in InboxMessage._meta.concrete_fields]
     now = timezone.now()
     until = now + timedelta(seconds=inbox_settings.policy(consumer).lease)
-    lease_id = (SHARED_TRANSACTION if shared_transaction else "") + uuid.uuid4().hex
     sql = (
         f"UPDATE {table} SET {quote('status')} = %s, {quote('attempts')} = "
         f"{quote('attempts')} + 1, {quote('lease_id')} = %s, {quote('locked_until')} = %s, "
@@ -228,6 +250,8 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         )
         return Outcome.IN_PROGRESS
     except Exception as exc:
+        if connection_lost(exc, using):
+            raise  # infrastructure, not the handler: the caller gives the row back later
         duration = time.perf_counter() - started
         return record_failure(message, exc, handler, using=using, duration=duration)
     processed(message, time.perf_counter() - started, using)
@@ -308,7 +332,9 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
                 run_handler(handler, message, using)
             if complete_rows(pks, messages[0].lease_id, using) != len(messages):
                 raise LeaseLost(messages[0].pk)
-    except Exception:
+    except Exception as exc:
+        if connection_lost(exc, using):
+            raise  # nothing committed; the caller gives the rows back later
         return [process_claimed(message, using=using) for message in messages]
     share = (time.perf_counter() - started) / len(messages)
     for message in messages:
@@ -431,3 +457,50 @@ def release(messages: list[InboxMessage], *, using: str | None = None) -> int:
     now = timezone.now()
     with transaction.atomic(using=using):
         return sum(release_unstarted(message, now, using) for message in messages)
+
+
+def give_back_interrupted(using: str | None = None) -> int:
+    """Give back the rows noted in :mod:`~django_inbox.interruptions`; return how many.
+
+    Call once the database answers again. Rows that were waiting are due now with their
+    attempt uncounted; the row that was running gets an ``interrupted`` history entry, free
+    for its first ``max_attempts`` interruptions and recorded as a failed attempt
+    (``ConnectionLost``) after that. Rows another worker took over meanwhile are left alone.
+    """
+    using = using or inbox_settings.database
+    if not interruptions.pending():
+        return 0
+    noted = interruptions.take(using)
+    given = 0
+    try:
+        now = timezone.now()
+        with transaction.atomic(using=using):
+            for entry in noted:
+                if entry.lease_id is not None:
+                    given += interruptions.release_lease(entry.lease_id, now, using)
+                for row in entry.rows:
+                    if row is not entry.running:
+                        given += release_unstarted(row, now, using)
+        for entry in noted:
+            if entry.running is not None:
+                given += _give_back_running(entry.running, entry.error, using)
+    except Exception:
+        interruptions.put_back(noted)
+        raise
+    return given
+
+
+def _give_back_running(row: InboxMessage, error: str, using: str) -> int:
+    handler = registry.get(row.consumer, row.event_type)
+    if (
+        interruptions.free_interruptions(row)
+        < RetryPolicy.for_handler(row.consumer, handler).max_attempts
+    ):
+        return interruptions.release_interrupted(row, error, using)
+    reason = (
+        f"the database connection was lost during attempt {row.attempts}"
+        + (f" ({error})" if error else "")
+        + "; this message's earlier interruptions used up its free ones, so this one counts"
+    )
+    outcome = record_failure(row, ConnectionLost(reason), handler, using=using)
+    return 0 if outcome is Outcome.IN_PROGRESS else 1

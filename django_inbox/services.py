@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from .actions import ActionResult, command_actor, park, replay, retry_now, select
+from .processing import give_back_interrupted
 from .purge import PurgeProgress, PurgeResult, expired, purge
 from .recovery import ReclaimResult, reclaim, reclaimable
 from .stats import ConsumerStats, InboxStats, Problem, collect
@@ -26,6 +27,7 @@ def process_due(
     then return: when nothing is due, after ``max_messages`` (``None``: no limit), or once
     ``max_seconds`` have passed (checked between batches)."""
     worker = Worker(consumers, max_messages=max_messages, commit_every=commit_every)
+    give_back_interrupted()  # what a run the database walked out on left claimed
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     while worker.run_once():
         if max_messages is not None and worker.stats.handled >= max_messages:
@@ -47,6 +49,7 @@ __all__ = [
     "collect",
     "command_actor",
     "expired",
+    "give_back_interrupted",
     "park",
     "process_due",
     "purge",

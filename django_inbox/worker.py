@@ -7,12 +7,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from django.db import close_old_connections
 from django.utils import timezone
 
+from . import interruptions
 from .conf import inbox_settings
+from .db.connection import Outage, connection_lost, keep_connection
 from .models import InboxMessage
-from .processing import claim_batch, process_batch, release
+from .processing import claim_batch, give_back_interrupted, process_batch, release
 from .recovery import SHARED_TRANSACTION
 from .registry import registry
 from .shutdown import Shutdown
@@ -65,6 +66,10 @@ class Worker:
         self.commit_every = commit_every
         self.shutdown = shutdown or Shutdown()
         self.stats = WorkerStats()
+        self.using = inbox_settings.database
+        #: After a shared-transaction batch was cut short, run the next one message per
+        #: transaction: if a handler killed the connection, it shows which one.
+        self._solo = False
 
     def _consumers(self) -> list[str]:
         return self.consumers or registry.consumers()
@@ -75,13 +80,20 @@ class Worker:
         return min(self.batch_size, self.max_messages - self.stats.handled)
 
     def run_once(self) -> int:
-        """Claim and process one batch per consumer; return how many messages were handled."""
+        """Claim and process one batch per consumer; return how many messages were handled.
+
+        Raises the database's error if the connection is lost; the rows this pass held are
+        then noted for :func:`~django_inbox.processing.give_back_interrupted`.
+        """
         handled = 0
+        solo, self._solo = self._solo, False
         for consumer in self._consumers():
             room = self._room()
             if room <= 0 or self.shutdown.requested:
                 break
             commit_every = self.commit_every or inbox_settings.policy(consumer).commit_every
+            if solo:
+                commit_every = 1
             batch = claim_batch(consumer, room, shared_transaction=commit_every > 1)
             if not batch[:1] or not batch[0].lease_id.startswith(SHARED_TRANSACTION):
                 commit_every = 1
@@ -90,17 +102,44 @@ class Worker:
                 if self.shutdown.requested or _lease_ran_out(chunk[-1]):
                     self.stats.released += release(batch[start:])
                     break
-                outcomes = process_batch(chunk)
+                try:
+                    outcomes = process_batch(chunk)
+                except Exception as exc:
+                    if connection_lost(exc, self.using):
+                        # One message running alone was interrupted; a shared batch blames
+                        # nobody (as when its worker dies) and the next pass runs solo.
+                        running = chunk[0] if len(chunk) == 1 else None
+                        self._solo = running is None
+                        interruptions.note(
+                            batch[start:], using=self.using, running=running, error=exc
+                        )
+                    raise
                 for outcome in outcomes:
                     self.stats.outcomes[outcome.value] += 1
                 handled += len(outcomes)
         return handled
 
     def run(self) -> WorkerStats:
+        """Process until stopped, ``max_messages`` are handled or idle for ``until_idle``.
+
+        The database going away (a restart, a terminated connection, no free slot) does not
+        end the loop: it reconnects with backoff and gives back what it held, uncounted.
+        """
         idle_since = time.monotonic()
+        outage = Outage(self.using, "inbox worker", self.shutdown.wait)
         while not self.shutdown.requested:
-            close_old_connections()
-            if self.run_once():
+            try:
+                keep_connection(self.using)
+                give_back_interrupted(self.using)
+                handled = self.run_once()
+            except Exception as exc:
+                if not connection_lost(exc, self.using):
+                    raise
+                outage.wait(exc)
+                idle_since = time.monotonic()  # an outage is not idleness
+                continue
+            outage.over()
+            if handled:
                 idle_since = time.monotonic()
             elif self.until_idle is not None and time.monotonic() - idle_since >= self.until_idle:
                 break
@@ -108,7 +147,6 @@ class Worker:
                 self.shutdown.wait(self._sleep_for(idle_since))
             if self.max_messages is not None and self.stats.handled >= self.max_messages:
                 break
-        close_old_connections()
         return self.stats
 
     def _sleep_for(self, idle_since: float) -> float:

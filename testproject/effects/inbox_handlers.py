@@ -4,14 +4,18 @@
 ``kill_file``: SIGKILL after the write only if that file exists (it is removed first, so
 the next attempt survives); ``kill_after_commit_file``: the same, right after the commit;
 ``fail_always``: raise every attempt; ``fail_times``: raise on the first N attempts; ``sleep``
-(seconds) on ``sleep_on_attempt``: hold the transaction open after the write.
+(seconds) on ``sleep_on_attempt``: hold the transaction open after the write; ``fail_text``:
+raise with that text (``<NUL>`` in it becomes a NUL); ``terminate_backend``: ``"always"``
+terminates the handler's own database connection (as a server restart would),
+``terminate_backend_file`` only while that file exists (removed first);
+``statement_timeout``: run a query that a statement timeout cancels.
 """
 
 import os
 import signal
 import time
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from django_inbox import Park, Reject, inbox_handler
 
@@ -40,6 +44,20 @@ def _misbehave(message):
         os.remove(commit_kill_file)
         # Dies right after the commit, before anyone can acknowledge the message.
         transaction.on_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))
+    terminate_file = payload.get("terminate_backend_file")
+    if payload.get("terminate_backend") == "always" or (
+        terminate_file and os.path.exists(terminate_file)
+    ):
+        if terminate_file:
+            os.remove(terminate_file)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    if payload.get("statement_timeout"):
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL statement_timeout = '50ms'")
+            cursor.execute("SELECT pg_sleep(2)")
+    if payload.get("fail_text"):  # "<NUL>" stands for a NUL, which no payload may hold
+        raise RuntimeError(payload["fail_text"].replace("<NUL>", "\x00"))
     if payload.get("fail_always"):
         raise RuntimeError("this message always fails")
     if (

@@ -1,0 +1,196 @@
+"""The inbox's own database connection in long-running processes: keep it, notice when it is
+lost, and tell a lost database from a handler's error.
+
+Django closes connections at the end of each request; a worker has no requests.
+``close_old_connections()`` on every pass would, under ``CONN_MAX_AGE = 0`` (Django's default),
+open a new connection for every batch or message, and a worker would be the first to fail
+when connection slots run out. :func:`keep_connection` keeps the inbox's connection while it
+works and closes it only when it is broken or older than a positive ``CONN_MAX_AGE``.
+
+A database that restarts, refuses connections or drops one is *infrastructure*: it is not
+the handler's fault, so it must not use up a message's attempts (:func:`connection_lost`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+logger = logging.getLogger("django_inbox")
+
+#: SQLSTATEs that close the connection but are the handler's doing: it sat idle inside its
+#: transaction longer than ``idle_in_transaction_session_timeout`` (or the session timeout).
+HANDLER_TIMEOUTS = ("25P03", "57P05")
+#: SQLSTATEs of a server that ends the connection or refuses one: shutdown or restart
+#: (57P01, also what ``pg_terminate_backend`` sends), crash (57P02), still starting (57P03),
+#: no connection slot left (53300); and the whole class 08, connection exceptions.
+CONNECTION_ENDED = ("57P01", "57P02", "57P03", "53300")
+
+
+def keep_connection(using: str) -> None:
+    """Between units of work: close ``using``'s connection only if it is broken or older than
+    a positive ``CONN_MAX_AGE``; give every other alias Django's usual treatment."""
+    for connection in connections.all(initialized_only=True):
+        if connection.alias != using:
+            connection.close_if_unusable_or_obsolete()
+            continue
+        if connection.connection is None or connection.in_atomic_block:
+            continue
+        if _broken(connection):
+            drop_connection(using)
+            continue
+        max_age = connection.settings_dict.get("CONN_MAX_AGE") or 0
+        opened = getattr(connection, "_inbox_opened", None)
+        if opened is None:
+            connection._inbox_opened = time.monotonic()  # type: ignore[attr-defined]
+        elif max_age and time.monotonic() - opened >= max_age:
+            drop_connection(using)
+
+
+def drop_connection(using: str) -> None:
+    """Close ``using``'s connection, broken or not; the next query opens a new one."""
+    connection = connections[using]
+    try:
+        connection.close()
+    except Exception:  # closing a dead connection may fail; it is gone either way
+        connection.connection = None
+    connection._inbox_opened = None  # type: ignore[attr-defined]
+
+
+def _broken(connection: Any) -> bool:
+    """Whether the connection can no longer be used, judged without a round trip."""
+    raw = connection.connection
+    if raw is None:
+        return False  # not opened yet: the next query connects
+    if connection.vendor != "postgresql":
+        return bool(connection.errors_occurred and not connection.is_usable())
+    if getattr(raw, "broken", False):  # psycopg 3
+        return True
+    return bool(raw.closed)
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        state = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+        if state:
+            return str(state)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def connection_lost(exc: BaseException, using: str) -> bool:
+    """Whether ``exc`` came with the loss of the inbox's database connection.
+
+    True when ``using``'s connection is unusable after the error (server shutdown or restart,
+    a terminated backend, a dropped network connection, no connection slot left), unless the
+    server closed it because the handler sat idle in its transaction past a timeout. The
+    attempt that was running is then not the handler's failure. A statement timeout, a lock
+    timeout, a deadlock or a serialisation failure leave the connection usable: they count as
+    the handler's failed attempt, so a query that times out every time ends ``dead``.
+    """
+    state = _sqlstate(exc)
+    if state in HANDLER_TIMEOUTS:
+        return False
+    if state is not None and (state in CONNECTION_ENDED or state.startswith("08")):
+        return True  # the driver may not have noticed yet that the connection is gone
+    connection = connections[using]
+    if connection.connection is None:
+        # Never connected, or closed already: a failed connect (refused, no slot left).
+        return isinstance(exc, DatabaseError) or _caused_by_database(exc)
+    return _broken(connection)
+
+
+def _caused_by_database(exc: BaseException) -> bool:
+    current: BaseException | None = exc
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DatabaseError) or type(current).__module__.startswith(
+            ("psycopg", "psycopg2", "sqlite3", "MySQLdb")
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def table_exists(using: str, table: str) -> bool:
+    """Whether ``table`` exists in ``using``'s database (raises if the database is down)."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        return table in connection.introspection.table_names(cursor)
+
+
+class Backoff:
+    """Exponential backoff with jitter for reconnecting: ``base`` doubling to ``cap`` seconds."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base, self.cap, self.failures = base, cap, 0
+
+    def next(self) -> float:
+        self.failures += 1
+        ceiling = min(self.cap, self.base * 2 ** min(self.failures - 1, 16))
+        return float(ceiling / 2 + random.uniform(0, ceiling / 2))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class Outage:
+    """A long-running process's view of its database being away: log once when it goes and
+    once when it is back, drop the broken connection, and wait with backoff in between.
+
+    Args:
+        using: the inbox's database alias.
+        name: who is waiting, for the log lines (``inbox_process``, ``inbox_consume x``).
+        wait: sleeps for the given seconds, returning early (True) on a stop request.
+    """
+
+    def __init__(self, using: str, name: str, wait: Callable[[float], object]) -> None:
+        self.using, self.name, self._wait = using, name, wait
+        self.backoff = Backoff()
+        self.since: float | None = None
+
+    def wait(self, exc: BaseException) -> None:
+        """The database was lost (``exc``): drop the connection, wait before the next try."""
+        delay = self.backoff.next()
+        if self.since is None:
+            self.since = time.monotonic()
+            logger.error(
+                "%s: lost the database connection (%s); reconnecting with backoff",
+                self.name,
+                describe(exc),
+            )
+        else:
+            logger.warning(
+                "%s: database still unreachable (%s); next try in %.1fs",
+                self.name,
+                describe(exc),
+                delay,
+            )
+        drop_connection(self.using)
+        self._wait(delay)
+
+    def over(self) -> None:
+        """A unit of work succeeded: if the database had been away, say it is back."""
+        if self.since is not None:
+            logger.warning(
+                "%s: database reachable again after %.1fs", self.name, time.monotonic() - self.since
+            )
+            self.since = None
+            self.backoff.reset()
+
+
+def describe(exc: BaseException) -> str:
+    """A database error for a log line: its type, SQLSTATE and first line (which, for the
+    errors that end a connection, holds no data)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    state = _sqlstate(exc)
+    return f"{type(exc).__name__}{f' {state}' if state else ''}: {first[:200]}"

@@ -1,0 +1,135 @@
+"""Claimed rows whose attempt the loss of the database connection cut short.
+
+When the inbox's connection dies while a process holds claimed rows (the server restarted, the
+backend was terminated, the network dropped, no connection slot was left), nothing of the
+running attempt committed, and it was not the handler's fault. The process cannot say so
+while the database is away, so it notes the rows here (and the lease of a claim whose reply
+was lost) and gives them back as soon as it reaches the database again
+(:func:`django_inbox.processing.give_back_interrupted`): due now, attempt uncounted, and for
+the row that was running an ``interrupted`` entry in its history.
+
+A handler that kills its own connection every time must not loop for ever: a row's first
+``max_attempts`` interruptions are free, later ones count as failed attempts.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Case, F, Value, When
+from django.utils import timezone
+
+from . import history
+from .models import InboxMessage
+from .text import cut, exception_message
+
+Status = InboxMessage.Status
+
+
+@dataclass
+class Noted:
+    using: str
+    rows: list[InboxMessage]
+    #: The row whose handler was running (its history says it was interrupted), if any.
+    running: InboxMessage | None = None
+    #: A claim's lease whose reply was lost: its rows (if it committed) are given back.
+    lease_id: str | None = None
+    error: str = ""
+
+
+_lock = threading.Lock()
+_noted: list[Noted] = []
+
+
+def note(
+    rows: list[InboxMessage],
+    *,
+    using: str,
+    running: InboxMessage | None = None,
+    lease_id: str | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Remember claimed rows (or a lost claim's lease) to give back once the database is back."""
+    text = "" if error is None else f"{type(error).__name__}: {exception_message(error)}"
+    with _lock:
+        _noted.append(
+            Noted(
+                using=using,
+                rows=list(rows),
+                running=running,
+                lease_id=lease_id,
+                error=cut(text.splitlines()[0] if text else "", 300),
+            )
+        )
+
+
+def pending() -> bool:
+    """Whether anything waits to be given back (a cheap check for hot paths)."""
+    return bool(_noted)
+
+
+def take(using: str) -> list[Noted]:
+    with _lock:
+        mine = [entry for entry in _noted if entry.using == using]
+        _noted[:] = [entry for entry in _noted if entry.using != using]
+    return mine
+
+
+def put_back(entries: list[Noted]) -> None:
+    """The database went away again while giving back: keep them for the next time."""
+    with _lock:
+        _noted[:0] = entries
+
+
+def free_interruptions(row: InboxMessage) -> int:
+    """How many interruptions of ``row`` went uncounted so far."""
+    return sum(1 for entry in row.history if entry.get("kind") == "interrupted")
+
+
+def release_lease(lease_id: str, now: datetime, using: str) -> int:
+    """Give back every row a lost claim committed under ``lease_id``, attempt uncounted."""
+    return (
+        InboxMessage.objects.using(using)
+        .filter(lease_id=lease_id, status=Status.IN_PROGRESS)
+        .update(
+            status=Case(
+                When(attempts__lte=1, then=Value(Status.RECEIVED)), default=Value(Status.FAILED)
+            ),
+            attempts=F("attempts") - 1,
+            next_attempt_at=now,
+            locked_until=None,
+            lease_id="",
+            updated_at=now,
+        )
+    )
+
+
+def release_interrupted(row: InboxMessage, error: str, using: str) -> int:
+    """Give back the row that was running, attempt uncounted, its history saying why."""
+    now = timezone.now()
+    entry: dict[str, Any] = {
+        "kind": "interrupted",
+        "at": now.isoformat(),
+        "attempt": row.attempts,
+        "message": (
+            f"the database connection was lost during attempt {row.attempts}"
+            + (f" ({error})" if error else "")
+            + "; the attempt is not counted"
+        ),
+    }
+    return (
+        InboxMessage.objects.using(using)
+        .filter(pk=row.pk, lease_id=row.lease_id, status=Status.IN_PROGRESS)
+        .update(
+            status=Status.RECEIVED if row.attempts <= 1 else Status.FAILED,
+            attempts=F("attempts") - 1,
+            history=history.append(row.history, entry),
+            next_attempt_at=now,
+            locked_until=None,
+            lease_id="",
+            updated_at=now,
+        )
+    )
