@@ -15,6 +15,7 @@ from .exceptions import (
     Reject,
     Retry,
     TransactionAborted,
+    UnknownConsumer,
     UnknownEventType,
 )
 from .outcomes import Outcome
@@ -37,6 +38,7 @@ __all__ = [
     "Reject",
     "Retry",
     "TransactionAborted",
+    "UnknownConsumer",
     "UnknownEventType",
     "deliver",
     "inbox_handler",

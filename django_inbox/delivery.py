@@ -13,9 +13,10 @@ from typing import Any
 from django.db import connections
 from django.utils import timezone
 
-from . import history, observe
+from . import history, interruptions, observe
 from .conf import inbox_settings
-from .exceptions import InvalidPayload, Reject, UnknownEventType
+from .db.connection import connection_lost
+from .exceptions import InvalidMessage, InvalidPayload, Reject, UnknownConsumer, UnknownEventType
 from .models import InboxMessage
 from .outcomes import Outcome
 from .processing import (
@@ -23,6 +24,7 @@ from .processing import (
     committing,
     failure,
     failure_outcome,
+    give_back_interrupted,
     no_handler_reason,
     process_claimed,
     processed,
@@ -31,7 +33,8 @@ from .processing import (
 from .registry import Handler, registry
 from .retry import RetryPolicy
 from .storage import NewRow, insert_completed_rows, insert_row
-from .validation import CONSUMER_MAX, clean_message_id, clean_text, encode_json
+from .text import storable, storable_json
+from .validation import CONSUMER_MAX, TEXT_MAX, clean_message_id, clean_text, encode_json
 
 logger = logging.getLogger("django_inbox")
 Status = InboxMessage.Status
@@ -67,7 +70,8 @@ def _prepare(
         source=clean_text("source", source, required=False),
         key=clean_text("key", key, required=False),
         payload=encode_json("payload", payload, max_bytes=max_bytes),
-        headers=encode_json("headers", dict(headers or {}), max_bytes=max_bytes),
+        # Headers are what a broker or sender added: their text is made storable, not refused.
+        headers=encode_json("headers", storable_json(dict(headers or {})), max_bytes=max_bytes),
     )
 
 
@@ -94,6 +98,7 @@ def deliver_batch(rows: list[NewRow]) -> list[Outcome]:
     ``commit_every``), so a failure is recorded against the message that caused it.
     """
     using = inbox_settings.database
+    rows = [_fresh(row) for row in rows]  # the caller's rows stay as given, to try again
     handlers = [registry.get(row.consumer, row.event_type) for row in rows]
     if len(rows) < 2 or None in handlers:
         return [_deliver_row(row, using) for row in rows]
@@ -110,7 +115,9 @@ def deliver_batch(rows: list[NewRow]) -> list[Outcome]:
                 if key in new and key not in ran:
                     ran[key] = message = _materialise(row, new[key], using)
                     run_handler(handler, message, using)  # type: ignore[arg-type]
-    except Exception:
+    except Exception as exc:
+        if connection_lost(exc, using):
+            raise  # nothing committed (or unknown): the caller tries the batch again later
         logger.info("inbox batch of %d rolled back; delivering one by one", len(rows))
         return [_deliver_row(_fresh(row), using) for row in rows]
     share = (time.perf_counter() - started) / max(len(ran), 1)
@@ -139,7 +146,16 @@ def _fresh(row: NewRow) -> NewRow:
 
 
 def _unhandled(row: NewRow, using: str) -> Outcome | None:
-    """Keep a message nobody handles as ``dead`` (or refuse it); ``None`` if it existed."""
+    """Keep a message nobody handles as ``dead`` (or refuse it); ``None`` if it existed.
+
+    A consumer without any handler is refused: a typo in its name, or handler modules that
+    were not loaded, would otherwise turn every message into a dead letter.
+    """
+    if not registry.knows(row.consumer):
+        raise UnknownConsumer(
+            f"no handler is registered for consumer {row.consumer!r}; known consumers: "
+            f"{registry.consumers()!r}"
+        )
     reason = no_handler_reason(row.consumer, row.event_type)
     if inbox_settings.unhandled == "refuse":
         raise UnknownEventType(reason)
@@ -188,9 +204,32 @@ def store_dead(
     type, a payload over the size limit): the message is kept where an operator sees it,
     instead of being dropped or retried in a loop. ``payload`` should be what is left of it
     (e.g. the raw body). Takes the other arguments of :func:`deliver`.
+
+    Being the last resort, it stores what it can: text fields are made storable and cut to
+    their column, and headers or a payload that cannot be stored are replaced by a note
+    saying why. Only an unusable ``consumer`` or ``message_id`` raises
+    :class:`~django_inbox.InvalidMessage`: without them there is no row to keep.
     """
-    row = _prepare(consumer, message_id, event_type, payload, headers, source, key)
+    max_bytes = inbox_settings.max_payload_bytes
+    row = NewRow(
+        consumer=clean_text("consumer", consumer, required=True, max_length=CONSUMER_MAX),
+        message_id=clean_message_id(message_id),
+        event_type=storable(event_type or "unknown")[:TEXT_MAX],
+        source=storable(source or "")[:TEXT_MAX],
+        key=storable(key or "")[:TEXT_MAX],
+        payload=_encode_or_note("payload", payload, max_bytes),
+        headers=_encode_or_note(
+            "headers", dict(headers) if isinstance(headers, Mapping) else {}, max_bytes
+        ),
+    )
     return _insert_dead(row, reason, error_type, inbox_settings.database)
+
+
+def _encode_or_note(name: str, value: Any, max_bytes: int) -> str:
+    try:
+        return encode_json(name, storable_json(value), max_bytes=max_bytes)
+    except InvalidMessage as exc:
+        return encode_json(name, {"refused": storable(f"the {name} could not be stored: {exc}")})
 
 
 def _materialise(row: NewRow, pk: int, using: str | None = None) -> InboxMessage:
@@ -259,7 +298,10 @@ def deliver(
     stores nothing. Database errors of the inbox itself are raised: nothing was committed.
     """
     row = _prepare(consumer, message_id, event_type, payload, headers, source, key)
-    return _deliver_row(row, inbox_settings.database, redelivered=redelivered)
+    using = inbox_settings.database
+    if interruptions.pending():
+        give_back_interrupted(using)
+    return _deliver_row(row, using, redelivered=redelivered)
 
 
 def _deliver_row(
@@ -284,8 +326,10 @@ def _deliver_row(
                 message = _materialise(row, pk, using)
                 run_handler(handler, message, using)
     except Exception as exc:
-        if pk is None:
-            raise  # the inbox's own insert failed: nothing is stored, let the caller retry
+        if pk is None or connection_lost(exc, using):
+            # Nothing is stored (the inbox's own insert failed, or the database went away):
+            # the caller (a broker consumer, a webhook sender) delivers it again.
+            raise
         duration = time.perf_counter() - started
         return _record_first_failure(row, exc, handler, using, duration)
     if message is None:
@@ -367,7 +411,12 @@ def _deliver_existing(row: NewRow, using: str, *, again: bool = True) -> Outcome
     if status in (Status.RECEIVED, Status.FAILED, Status.IN_PROGRESS):
         claimed = claim_batch(row.consumer, 1, using=using, message_id=row.message_id)
         if claimed:
-            return process_claimed(claimed[0], using=using)
+            try:
+                return process_claimed(claimed[0], using=using)
+            except Exception as exc:
+                if connection_lost(exc, using):
+                    interruptions.note(claimed, using=using, running=claimed[0], error=exc)
+                raise
         status = _current_status(row, using)
     if status is None:
         # Purged between our insert and our look: it is new again (once; then report it busy).

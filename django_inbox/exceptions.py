@@ -31,6 +31,10 @@ class UnknownEventType(InvalidMessage):
     """No handler exists for the message and ``INBOX_UNHANDLED = "refuse"``."""
 
 
+class UnknownConsumer(InvalidMessage):
+    """No handler at all is registered for the consumer (a typo, or handlers not loaded)."""
+
+
 class HandlerAlreadyRegistered(ImproperlyConfigured):
     """A second handler was registered for one ``(consumer, event_type)``."""
 
@@ -74,3 +78,8 @@ class TransactionAborted(RuntimeError):
 
 class LeaseLost(Exception):
     """Internal: the worker's lease was taken over; its work was rolled back."""
+
+
+class ConnectionLost(Exception):
+    """Recorded for an attempt the loss of the database connection cut short, once a row's
+    free interruptions are used up (see :mod:`django_inbox.interruptions`)."""

@@ -64,6 +64,10 @@ class Registry:
     def consumers(self) -> list[str]:
         return sorted({consumer for consumer, _ in self._handlers})
 
+    def knows(self, consumer: str) -> bool:
+        """Whether ``consumer`` has at least one handler."""
+        return any(c == consumer for c, _ in self._handlers)
+
     def event_types(self, consumer: str) -> list[str]:
         return sorted(event for c, event in self._handlers if c == consumer)
 

@@ -254,6 +254,13 @@ def estimated_rows(using: str) -> int:
     return max(int(rows), 0)
 
 
+def known_consumers() -> list[str]:
+    """Consumers with handlers or a policy, and any that have rows (an index walk, no scan)."""
+    names = set(registry.consumers()) | set(inbox_settings.consumers)
+    names.update(distinct_consumers())
+    return sorted(names)
+
+
 def distinct_consumers(using: str | None = None) -> list[str]:
     """Every consumer that has rows. On PostgreSQL a walk of the unique index, one probe per
     consumer (a loose index scan), so it stays instant on a table of millions of rows."""

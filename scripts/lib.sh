@@ -80,3 +80,30 @@ ensure_chromium() {
     $sudo apt-get update
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
 }
+
+# phase NAME COMMAND…: run a phase of a script, print its time, remember how it ended.
+PHASES=()
+FAILED=0
+phase() {
+    local name="$1"
+    shift
+    step "$name"
+    local started=$SECONDS
+    "$@"
+    local code=$?
+    local took=$((SECONDS - started))
+    local verdict="ok"
+    if [ "$code" -ne 0 ]; then
+        verdict="FAILED (exit $code)"
+        FAILED=1
+    fi
+    printf -- '--- %s: %s in %dm%02ds\n' "$name" "$verdict" $((took / 60)) $((took % 60))
+    PHASES+=("$(printf '%-12s %6s  %s' "$verdict" "$((took / 60))m$(printf '%02d' $((took % 60)))s" "$name")")
+}
+
+# summary: print every phase's result and time; exit 1 if any failed.
+summary() {
+    step "summary (${SECONDS}s in all)"
+    printf '  %s\n' "${PHASES[@]}"
+    exit "$FAILED"
+}

@@ -58,6 +58,7 @@ def manage(subprocess_env: dict[str, str]) -> Callable[..., subprocess.Popen[str
         proc = subprocess.Popen(
             [sys.executable, str(MANAGE), *args],
             env={**subprocess_env, **(env or {})},
+            stdin=subprocess.DEVNULL,  # never a terminal: no command waits for an answer
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -114,8 +114,30 @@ def chaos(
 
     lost, doubled = lost_and_doubled(expected, "stream")
     in_progress = InboxMessage.objects.filter(status=Status.IN_PROGRESS).count()
-    print(f"chaos {args}: kills={kills} lost={lost} doubled={doubled} in_progress={in_progress}")
+    counts = effect_counts("stream")
+    missing = {mid for mid in expected if not counts.get(mid)}
+    # A lost message never reached the inbox: it has no row (the broker lost it, not us).
+    assert not InboxMessage.objects.filter(consumer="stream", message_id__in=missing).exists()
+    print(
+        f"chaos {broker.split(':')[0]} {args}: kills={kills} lost={lost} doubled={doubled} "
+        f"in_progress={in_progress}"
+    )
     return kills, lost, doubled, in_progress
+
+
+def assert_chaos_outcome(
+    broker: str, kills: int, lost: int, doubled: int, in_progress: int
+) -> None:
+    """RabbitMQ loses nothing. kombu's Redis list transport pops a message, then records it as
+    unacknowledged in a second step: a consumer killed between the two loses the one message
+    it popped (it never reached the inbox). So on Redis each kill may lose one message, and
+    nothing else may go wrong (docs/howto/redis.md states the window)."""
+    assert kills >= 10
+    assert (doubled, in_progress) == (0, 0)
+    if broker.startswith("redis"):
+        assert lost <= kills, f"more messages lost ({lost}) than consumers killed ({kills})"
+    else:
+        assert lost == 0
 
 
 def test_chaos_random_sigkills_lose_and_double_nothing(
@@ -123,8 +145,7 @@ def test_chaos_random_sigkills_lose_and_double_nothing(
 ) -> None:
     kills, lost, doubled, in_progress = chaos(manage, broker, queue, 2)
 
-    assert kills >= 10
-    assert (lost, doubled, in_progress) == (0, 0, 0)
+    assert_chaos_outcome(broker, kills, lost, doubled, in_progress)
 
 
 def test_kill_after_commit_before_ack_redelivers_as_duplicate(
@@ -320,8 +341,7 @@ def test_batched_commits_with_failures_and_duplicates_apply_each_effect_once(
 def test_chaos_with_batched_commits(manage: Manage, broker: str, queue: str) -> None:
     kills, lost, doubled, in_progress = chaos(manage, broker, queue, 9, "--commit-every", "20")
 
-    assert kills >= 10
-    assert (lost, doubled, in_progress) == (0, 0, 0)
+    assert_chaos_outcome(broker, kills, lost, doubled, in_progress)
 
 
 def test_max_messages_stops_after_that_many(manage: Manage, broker: str, queue: str) -> None:

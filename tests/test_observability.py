@@ -27,7 +27,7 @@ from django.urls import path
 from django.utils import timezone
 from kombu import Queue
 
-from django_inbox import Outcome, deliver, signals, store, store_dead
+from django_inbox import Outcome, UnknownConsumer, deliver, signals, store, store_dead
 from django_inbox.actions import park, replay, select
 from django_inbox.contrib.health import health_view
 from django_inbox.models import InboxMessage
@@ -608,10 +608,14 @@ def test_unknown_event_types_and_consumers_are_labelled_other() -> None:
 
     for n in range(100):
         assert send(f"h-{n}", event_type=f"hostile-{uuid.uuid4().hex}") is Outcome.DEAD
-    assert (
+    # deliver() refuses a consumer without handlers (UnknownConsumer); what a broker consumer
+    # keeps dead for one still reaches the metrics.
+    with pytest.raises(UnknownConsumer):
         deliver(consumer="nobody-" + uuid.uuid4().hex, message_id="h-x", event_type="x", payload={})
-        is Outcome.DEAD
-    )
+    assert store_dead(
+        consumer="nobody-" + uuid.uuid4().hex, message_id="h-x", event_type="x", payload={},
+        reason="undecodable",
+    )  # fmt: skip
 
     after = series(registry)
     other = {"consumer": CONSUMER, "event_type": "other"}

@@ -197,7 +197,7 @@ def test_replay_command_then_worker_completes_each_dead_and_parked_row_once(
     assert {row.status for row in before.values()} == {Status.DEAD, Status.PARKED}
     assert all(len(entries(row, "park")) == 1 for row in before.values() if row.status == "parked")
 
-    code, out, err = run(manage, "inbox_replay", "--reason", "downstream fixed")
+    code, out, err = run(manage, "inbox_replay", "--all", "--reason", "downstream fixed")
 
     assert code == 0, err
     assert "replayed 8 row(s) (dead 5, parked 3)" in out
@@ -461,7 +461,7 @@ def test_default_statuses_are_dead_and_parked_and_status_narrows() -> None:
     assert "replayed 2 row(s) (parked 2)" in out
     assert replayed_ids() == {"recv-0", "parked-0", "parked-1"}
 
-    code, out = replay_command()
+    code, out = replay_command("--all")
     assert code == 0, out
     assert "replayed 2 row(s) (dead 2)" in out
     assert replayed_ids() == {"recv-0", "parked-0", "parked-1", "dead-0", "dead-1"}
@@ -503,13 +503,33 @@ def test_select_by_time_iso_and_ago() -> None:
 
 
 @pytest.mark.django_db
+def test_a_bare_replay_is_refused_and_the_count_is_shown_before_acting() -> None:
+    make_rows(Status.DEAD, 2, prefix="bare")
+    make_rows(Status.PARKED, 1, prefix="bare-parked")
+    before = snapshot([row.pk for row in InboxMessage.objects.all()])
+
+    code, out = replay_command("--reason", "all of it")
+
+    assert code == 2, out
+    assert "say what to replay" in out and "--all" in out
+    assert snapshot([row.pk for row in InboxMessage.objects.all()]) == before
+
+    code, out = replay_command("--all")
+
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "Selected 3 row(s) (dead 2, parked 1)", lines
+    assert lines[-1] == "inbox_replay: replayed 3 row(s) (dead 2, parked 1)"
+
+
+@pytest.mark.django_db
 def test_dry_run_lists_rows_and_changes_nothing() -> None:
     rows = make_rows(Status.DEAD, 3, prefix="dry")
     parked = make_rows(Status.PARKED, 1, prefix="dry-parked")
     pks = [row.pk for row in [*rows, *parked]]
     unchanged = snapshot(pks)
 
-    code, out = replay_command("--dry-run", "--reason", "just looking")
+    code, out = replay_command("--all", "--dry-run", "--reason", "just looking")
 
     assert code == 0, out
     assert snapshot(pks) == unchanged
@@ -627,7 +647,7 @@ def test_usage_errors_exit_2(manage: Manage) -> None:
 @pytest.mark.slow
 def test_two_replay_commands_at_once_replay_each_row_once(manage: Manage) -> None:
     make_rows(Status.DEAD, 500, prefix="race")
-    procs = [manage("inbox_replay", "--reason", f"operator {n}") for n in range(2)]
+    procs = [manage("inbox_replay", "--all", "--reason", f"operator {n}") for n in range(2)]
     replayed = []
     for proc in procs:
         out, err = proc.communicate(timeout=180)

@@ -119,6 +119,36 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
     )
 
 
+def identity(message: BrokerMessage) -> str | None:
+    """The message id from the broker's properties and headers alone, never the body.
+
+    For a message the envelope reader could not read at all: if it has an id, it can still be
+    kept ``dead`` under that id (and its redeliveries answered as duplicates).
+    """
+    try:
+        properties = message.properties or {}
+        headers = dict(message.headers or {})
+    except Exception:
+        return None
+    found = _text(properties.get("message_id")) or _first(headers, "message_id")
+    if not found:
+        ce_id = _first(headers, "ce-id", "ce_id")
+        ce_source = _first(headers, "ce-source", "ce_source")
+        found = f"{ce_source}#{ce_id}" if ce_id and ce_source else ce_id
+    return found or None
+
+
+def raw_body(message: BrokerMessage, limit: int = RAW_LIMIT) -> dict[str, Any]:
+    """The body as an operator can read it, whatever it holds (see :func:`parse`)."""
+    try:
+        body = message.body
+        raw = body if isinstance(body, bytes) else str(body).encode("utf-8", "backslashreplace")
+        content_type = (message.content_type or "").split(";")[0].strip().lower()
+    except Exception:
+        raw, content_type = b"", ""
+    return _raw_payload(raw, content_type, limit)
+
+
 def _decode(raw: bytes, content_type: str, encoding: str | None) -> tuple[Any, str | None]:
     if (
         content_type
@@ -134,7 +164,8 @@ def _decode(raw: bytes, content_type: str, encoding: str | None) -> tuple[Any, s
         charset = "utf-8"
     try:
         text = raw.decode(charset)
-    except (UnicodeDecodeError, LookupError) as exc:
+    except (UnicodeError, LookupError) as exc:
+        # UnicodeError, not only UnicodeDecodeError: some codecs ("undefined") raise the base.
         return None, f"body is not valid {charset} text: {exc}"
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite), None

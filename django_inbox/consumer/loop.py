@@ -8,30 +8,33 @@ answers the copy as a duplicate. Nothing is acknowledged that was not committed.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from amqp.exceptions import AccessRefused, NotAllowed, NotFound, PreconditionFailed
-from django.db import DatabaseError, InterfaceError, close_old_connections, connections
+from django.db import DatabaseError
 from django.utils.module_loading import import_string
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from ..conf import inbox_settings
-from ..delivery import deliver, deliver_batch, prepare, store, store_dead
-from ..exceptions import InvalidMessage, InvalidMessageId, UnknownEventType
+from ..db.connection import Backoff, Outage, connection_lost, describe, keep_connection
+from ..delivery import deliver_batch
 from ..observe import exception_text
-from ..registry import registry
+from ..processing import give_back_interrupted
 from ..shutdown import Shutdown
 from ..storage import NewRow
 from ..worker import Worker
 from .envelope import Envelope
+from .intake import AckMode, Action, Decision, Intake
+
+__all__ = ["AckMode", "BrokerConsumer", "BrokerMisconfigured", "BrokerUnreachable", "ConsumeStats"]
+T = TypeVar("T")
 
 logger = logging.getLogger("django_inbox")
 
@@ -44,9 +47,8 @@ class BrokerMisconfigured(Exception):
     """The broker refused the credentials, the queue or its declaration."""
 
 
-class AckMode(StrEnum):
-    AFTER_PROCESS = "after-process"
-    AFTER_STORE = "after-store"
+class BrokerUnreachable(Exception):
+    """The broker was never reached within ``wait_for_broker`` seconds."""
 
 
 @dataclass
@@ -58,26 +60,15 @@ class ConsumeStats:
     refused: int = 0
     requeued: int = 0
     reconnects: int = 0
+    #: Times the database connection was lost (the consumer waited and reconnected).
+    database_outages: int = 0
+    #: Consecutive failures of the inbox's own statements with the connection intact (a lock
+    #: or statement timeout): each requeues the message after a growing pause.
     database_errors: int = 0
 
     @property
     def received(self) -> int:
         return self.acked + self.refused
-
-
-class Backoff:
-    """Exponential backoff with jitter for reconnecting: 0.5 s doubling to 30 s."""
-
-    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
-        self.base, self.cap, self.failures = base, cap, 0
-
-    def next(self) -> float:
-        self.failures += 1
-        ceiling = min(self.cap, self.base * 2 ** min(self.failures - 1, 16))
-        return float(ceiling / 2 + random.uniform(0, ceiling / 2))
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 class BrokerConsumer:
@@ -99,9 +90,14 @@ class BrokerConsumer:
             and acknowledge them after its commit (default: the consumer's ``commit_every``).
         max_messages: stop after this many broker messages.
         until_idle: stop once no message arrived for this many seconds.
+        wait_for_broker: give up (:class:`BrokerUnreachable`) if the broker was not reached
+            within this many seconds of starting; ``None`` waits for ever. Once reached, a
+            lost broker is always waited for.
         shutdown: stop requests (signals).
         envelope: reads a kombu message into an :class:`Envelope` (``INBOX_ENVELOPE``;
             :func:`~django_inbox.consumer.envelope.parse` by default).
+        on_message_done: called with ``(message_id, outcome, seconds)`` after each message
+            is acknowledged or refused (``inbox_consume -v 2`` prints it).
     """
 
     tick = 0.5  # seconds drain_events waits before the loop looks around
@@ -123,8 +119,10 @@ class BrokerConsumer:
         commit_every: int | None = None,
         max_messages: int | None = None,
         until_idle: float | None = None,
+        wait_for_broker: float | None = None,
         shutdown: Shutdown | None = None,
         envelope: Callable[..., Envelope] | None = None,
+        on_message_done: Callable[[str | None, str, float], None] | None = None,
     ) -> None:
         self.consumer = consumer
         self.queue_name = queue
@@ -142,19 +140,32 @@ class BrokerConsumer:
         self.commit_every = commit_every or inbox_settings.policy(consumer).commit_every
         self.max_messages = max_messages
         self.until_idle = until_idle
+        self.wait_for_broker = wait_for_broker
         self.shutdown = shutdown or Shutdown()
-        self.envelope = envelope or import_string(inbox_settings.envelope)
+        self.on_message_done = on_message_done
+        self.using = inbox_settings.database
+        self.intake = Intake(
+            consumer=consumer,
+            queue_name=queue,
+            ack_mode=self.ack_mode,
+            batching=self.commit_every > 1 and self.ack_mode is AckMode.AFTER_PROCESS,
+            envelope=envelope or import_string(inbox_settings.envelope),
+            raw_limit=inbox_settings.max_payload_bytes // 2,
+        )
         self.stats = ConsumeStats()
-        self._pending: list[tuple[Any, NewRow]] = []
+        self.outage = Outage(self.using, f"inbox_consume {consumer}", self.shutdown.wait)
+        self._pending: list[tuple[Any, NewRow, float]] = []
         self._last_message = time.monotonic()
         self._last_sweep = 0.0
         self._idle_out = False
+        self._reached = False
 
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> ConsumeStats:
         backoff = Backoff()
         self._idle_out = False
+        started = time.monotonic()
         while not self._stopping() and not self._idle_out:
             connection = Connection(self.broker_url, transport_options=self.transport_options)
             try:
@@ -171,19 +182,31 @@ class BrokerConsumer:
                 # Unacknowledged messages go back to the broker with the channel; nothing of
                 # an open batch was committed, so it is simply dropped and redelivered.
                 self._pending = []
+                waited = time.monotonic() - started
+                if (
+                    not self._reached
+                    and self.wait_for_broker is not None
+                    and waited >= self.wait_for_broker
+                ):
+                    raise BrokerUnreachable(
+                        f"could not reach the broker at {connection.as_uri()} within "
+                        f"{waited:.0f}s ({type(exc).__name__}: {exc}); check the URL, or "
+                        "wait longer with --wait-for-broker"
+                    ) from None
                 self.stats.reconnects += 1
                 delay = backoff.next()
                 logger.warning(
-                    "inbox_consume %s: broker connection lost (%s: %s); reconnecting in %.1fs",
+                    "inbox_consume %s: broker connection %s (%s: %s); %s in %.1fs",
                     self.consumer,
+                    "lost" if self._reached else "failed",
                     type(exc).__name__,
                     exc,
+                    "reconnecting" if self._reached else "trying again",
                     delay,
                 )
                 self.shutdown.wait(delay)
             finally:
                 _release(connection)
-        close_old_connections()
         return self.stats
 
     def _consume(self, connection: Connection, backoff: Backoff) -> None:
@@ -195,8 +218,9 @@ class BrokerConsumer:
             prefetch_count=self.prefetch,
             auto_declare=self.declare,
         ):
-            if self.stats.reconnects:
+            if self._reached:
                 logger.warning("inbox_consume %s: reconnected to the broker", self.consumer)
+            self._reached = True
             backoff.reset()
             # Idle time counts only while connected: an unreachable broker is not "idle".
             self._last_message = time.monotonic()
@@ -247,168 +271,130 @@ class BrokerConsumer:
         if now - self._last_sweep < inbox_settings.poll_interval:
             return
         self._last_sweep = now
+        sweep = Worker([self.consumer], shutdown=self.shutdown)
         try:
-            if Worker([self.consumer], shutdown=self.shutdown).run_once():
-                self._last_message = time.monotonic()  # retries are work: not idle
-        except (DatabaseError, InterfaceError) as exc:
-            self._database_error(exc)
+            handled = self._with_database(sweep.run_once)
+        except Exception as exc:
+            # Not the broker's messages: log it and go on consuming (the type and frames,
+            # never the message, which may quote a payload).
+            logger.error(
+                "inbox_consume %s: processing due rows failed: %s",
+                self.consumer,
+                exception_text(exc),
+            )
+            return
+        if handled:
+            self._last_message = time.monotonic()  # retries are work: not idle
+
+    # -- the database ---------------------------------------------------------------------
+
+    def _with_database(self, work: Callable[[], T]) -> T | None:
+        """Run ``work``; while the database is away, wait with backoff and run it again.
+
+        Returns ``None`` if a stop was requested while waiting. Other errors propagate.
+        """
+        while True:
+            keep_connection(self.using)
+            try:
+                give_back_interrupted(self.using)
+                result = work()
+            except Exception as exc:
+                if not connection_lost(exc, self.using):
+                    raise
+                self.stats.database_outages += 1
+                self.outage.wait(exc)
+                if self.shutdown.requested:
+                    return None
+                continue
+            self.outage.over()
+            return result
+
+    def _database_error(self, exc: DatabaseError) -> None:
+        """A statement of the inbox failed with the connection intact (a lock or statement
+        timeout, a deadlock): the message is requeued, after a pause that grows."""
+        self.stats.database_errors += 1
+        logger.error(
+            "inbox_consume %s: database error (%s); requeueing", self.consumer, describe(exc)
+        )
+        self.shutdown.wait(min(5.0, 0.1 * 2 ** min(self.stats.database_errors, 6)))
 
     # -- one message ----------------------------------------------------------------------
 
     def _on_message(self, message: Any) -> None:
         if self._stopping():
             # Delivered while the subscription was being cancelled: give it back untouched.
-            message.requeue()
-            self.stats.requeued += 1
+            self._requeue(message)
             return
         self._last_message = time.monotonic()
-        close_old_connections()
+        started = time.perf_counter()
         try:
-            envelope = self.envelope(message, raw_limit=inbox_settings.max_payload_bytes // 2)
-            action = self._handle(envelope, message)
-            if action == "pending":
-                if len(self._pending) >= self.commit_every:
-                    self._flush()
-                return
-        except (DatabaseError, InterfaceError) as exc:
-            # Nothing was committed (or a commit's fate is unknown): the broker keeps the
-            # message and redelivers it; the inbox answers a committed one as a duplicate.
+            decision = self._with_database(lambda: self.intake.decide(message, self._flush))
+        except DatabaseError as exc:
             self._database_error(exc)
             self._requeue(message)
             return
         except Exception as exc:
-            # The type and the frames, not the message: it may quote the payload.
-            logger.error(
-                "inbox_consume %s: unexpected error; requeueing: %s",
-                self.consumer,
-                exception_text(exc),
-            )
-            self.stats.database_errors += 1
+            # A failure of the inbox itself on this message: keep it dead rather than
+            # requeue it for ever.
+            try:
+                decision = self._with_database(partial(self.intake.unreadable, message, exc))
+            except Exception as again:  # not even that could be stored: try again later
+                logger.error(
+                    "inbox_consume %s: could not keep an unreadable message; requeueing: %s",
+                    self.consumer,
+                    exception_text(again),
+                )
+                self.stats.database_errors += 1
+                self._requeue(message)
+                self.shutdown.wait(min(5.0, 0.1 * 2 ** min(self.stats.database_errors, 6)))
+                return
+        if decision is None:  # stopped while the database was away: nothing committed
             self._requeue(message)
             return
-        if action == "refuse":
+        if decision.action is Action.PENDING:
+            assert decision.row is not None
+            self._pending.append((message, decision.row, started))
+            if len(self._pending) >= self.commit_every:
+                self._flush()
+            return
+        self._settle(message, decision, started)
+
+    def _settle(self, message: Any, decision: Decision, started: float) -> None:
+        """Acknowledge (or refuse) a message whose decision committed."""
+        if decision.action is Action.REFUSE:
             message.reject(requeue=False)
             self.stats.refused += 1
         else:
             message.ack()
             self.stats.acked += 1
             self.stats.database_errors = 0
+        if decision.outcome is not None and decision.outcome != "refused":
+            self.stats.outcomes[decision.outcome] += 1
+        if self.on_message_done is not None:
+            outcome = decision.outcome or decision.action.value
+            self.on_message_done(decision.message_id, outcome, time.perf_counter() - started)
 
     def _requeue(self, message: Any) -> None:
         message.requeue()
         self.stats.requeued += 1
-        self.shutdown.wait(min(5.0, 0.1 * 2 ** min(self.stats.database_errors, 6)))
 
     def _flush(self) -> None:
         """Deliver the open batch in one transaction, then acknowledge its messages."""
         if not self._pending:
             return
         batch, self._pending = self._pending, []
+        rows = [row for _, row, _ in batch]
         try:
-            outcomes = deliver_batch([row for _, row in batch])
-        except (DatabaseError, InterfaceError) as exc:
+            outcomes = self._with_database(lambda: deliver_batch(rows))
+        except DatabaseError as exc:
             self._database_error(exc)
-            for message, _ in batch[:-1]:
-                message.requeue()
-            self.stats.requeued += len(batch) - 1
-            self._requeue(batch[-1][0])
+            outcomes = None
+        if outcomes is None:
+            for message, _, _ in batch:
+                self._requeue(message)
             return
-        for (message, _), outcome in zip(batch, outcomes, strict=True):
-            self.stats.outcomes[outcome.value] += 1
-            message.ack()
-        self.stats.acked += len(batch)
-        self.stats.database_errors = 0
-
-    def _handle(self, envelope: Envelope, message: Any) -> str:
-        if not envelope.message_id:
-            self._flush()
-            logger.error(
-                "inbox_consume %s: refused a message without an id from queue %s (type %s); "
-                "an id invented here would defeat deduplication",
-                self.consumer,
-                self.queue_name,
-                envelope.event_type or "-",
-            )
-            return "refuse"
-        fields: dict[str, Any] = {
-            "consumer": self.consumer,
-            "message_id": envelope.message_id,
-            "event_type": envelope.event_type or "unknown",
-            "headers": envelope.headers,
-            "source": envelope.source[:255],
-            "key": envelope.key[:255],
-        }
-        batchable = (
-            self.commit_every > 1
-            and self.ack_mode is AckMode.AFTER_PROCESS
-            and not envelope.redelivered
-            and not envelope.problem
-            and envelope.event_type
-            and registry.get(self.consumer, envelope.event_type) is not None
-        )
-        try:
-            if batchable:
-                self._pending.append((message, prepare(payload=envelope.payload, **fields)))
-                return "pending"
-            self._flush()  # keep arrival order: what came before is committed first
-            if envelope.problem or not envelope.event_type:
-                reason = envelope.problem or "the message has no event type"
-                self._keep_dead(fields, envelope.payload, reason, "Undecodable")
-                return "ack"
-            if self.ack_mode is AckMode.AFTER_STORE:
-                new = store(payload=envelope.payload, **fields)
-                self.stats.outcomes["stored" if new else "duplicate"] += 1
-                return "ack"
-            outcome = deliver(payload=envelope.payload, redelivered=envelope.redelivered, **fields)
-            self.stats.outcomes[outcome.value] += 1
-            return "ack"
-        except UnknownEventType as exc:
-            logger.error(
-                "inbox_consume %s: refused message %s: %s", self.consumer, envelope.message_id, exc
-            )
-            return "refuse"
-        except InvalidMessageId as exc:
-            logger.error(
-                "inbox_consume %s: refused a message with an unusable id: %s", self.consumer, exc
-            )
-            return "refuse"
-        except InvalidMessage as exc:
-            # Kept dead without what could not be stored; the reason says what it was.
-            self._flush()
-            try:
-                self._keep_dead(fields, {"refused": str(exc)}, str(exc), type(exc).__name__)
-            except InvalidMessage:
-                logger.error(
-                    "inbox_consume %s: refused message %s: %s",
-                    self.consumer,
-                    envelope.message_id,
-                    exc,
-                )
-                return "refuse"
-            return "ack"
-
-    def _keep_dead(self, fields: dict[str, Any], payload: Any, reason: str, kind: str) -> None:
-        fields = dict(fields, event_type=str(fields["event_type"])[:255] or "unknown")
-        try:
-            store_dead(payload=payload, reason=reason, error_type=kind, **fields)
-        except InvalidMessage:
-            fields["headers"] = {}  # headers that cannot be stored must not lose the message
-            store_dead(payload=payload, reason=reason, error_type=kind, **fields)
-        self.stats.outcomes["dead"] += 1
-
-    def _database_error(self, exc: BaseException) -> None:
-        self.stats.database_errors += 1
-        logger.error(
-            "inbox_consume %s: database error (%s: %s); reconnecting",
-            self.consumer,
-            type(exc).__name__,
-            str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-        )
-        connection = connections[inbox_settings.database]
-        try:
-            connection.close()
-        except Exception:  # the connection is gone already
-            connection.connection = None
+        for (message, row, started), outcome in zip(batch, outcomes, strict=True):
+            self._settle(message, Decision(Action.ACK, outcome.value, row.message_id), started)
 
 
 def _release(connection: Connection) -> None:

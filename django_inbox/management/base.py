@@ -7,9 +7,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
+from django.db import DatabaseError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from ..conf import inbox_settings
+from ..db.connection import describe, table_exists
 from ..durations import to_seconds
 
 #: Exit code of a command that is misconfigured (system check error, bad argument).
@@ -55,13 +58,55 @@ def add_stop_options(parser: CommandParser, what: str) -> None:
 
 
 class InboxCommand(BaseCommand):
-    """Base of the inbox's commands: a system check error exits 2 (misconfigured)."""
+    """Base of the inbox's commands: a system check error exits 2 (misconfigured), and so
+    does a database without the inbox's table (``migrate`` was not run).
+
+    ``waits_for_database``: a long-running command waits for an unreachable database (it may
+    be starting, or restarting) instead of exiting; the others exit 2 at once.
+    ``requires_migrated``: off for a command that says so in its own words (``inbox_stats``).
+    """
+
+    waits_for_database = False
+    requires_migrated = True
 
     def check(self, *args: Any, **kwargs: Any) -> None:
         try:
             super().check(*args, **kwargs)
         except SystemCheckError as exc:
             raise SystemCheckError(str(exc), returncode=MISCONFIGURED) from None
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        if self.requires_migrated:
+            require_migrated(wait=self.waits_for_database)
+        return super().execute(*args, **options)
+
+
+def require_migrated(*, wait: bool) -> None:
+    """Exit 2 (``CommandError``) if the inbox's table does not exist: ``migrate`` was not run.
+
+    An unreachable database exits 2 too, unless ``wait``: long-running commands wait for it
+    in their loop, where a database that comes and goes is expected.
+    """
+    from ..models import InboxMessage
+
+    using = inbox_settings.database
+    table = InboxMessage._meta.db_table
+    try:
+        exists = table_exists(using, table)
+    except DatabaseError as exc:
+        if wait:
+            return
+        raise CommandError(
+            f"cannot reach the inbox's database {using!r} ({describe(exc)}); is it up, and "
+            "do DATABASES point at it?",
+            returncode=MISCONFIGURED,
+        ) from None
+    if not exists:
+        raise CommandError(
+            f"the inbox's table {table!r} does not exist in database {using!r}: run "
+            "'manage.py migrate' first",
+            returncode=MISCONFIGURED,
+        )
 
 
 def add_metrics_option(parser: CommandParser) -> None:

@@ -21,7 +21,8 @@ What differs from a reader's terminal, and why (:data:`SUBSTITUTIONS`, :class:`R
   checkout), and starting RabbitMQ in Docker (the test checks that RabbitMQ answers);
 - the queue ``orders`` is renamed to a queue of this run, so that runs and other tests sharing
   the broker cannot see each other's messages, and the broker URL is replaced when
-  ``INBOX_TEST_RABBITMQ`` points elsewhere;
+  ``INBOX_TEST_RABBITMQ`` points elsewhere (in what the commands print, both are shown back
+  as the page's);
 - stderr is merged into stdout and Python runs unbuffered, so the lines interleave as in a
   terminal; a process killed by ``SIGKILL`` prints ``Killed``, as an interactive bash reports it;
 - times and durations are normalised on both sides (``2026-11-22T04:01:16.754085+00:00``,
@@ -233,6 +234,13 @@ class Run:
         self.replaced["queue in files"] += count
         return self._broker(content)
 
+    def adapt_output(self, line: str) -> str:
+        """What a command printed, with this run's queue and broker shown as the page's."""
+        line = re.sub(rf"'{re.escape(self.queue)}'", f"'{PAGE_QUEUE}'", line)
+        if self.broker != PAGE_BROKER:
+            line = line.replace(_masked(self.broker), _masked(PAGE_BROKER))
+        return line
+
     def _broker(self, text: str) -> str:
         if self.broker != PAGE_BROKER:
             self.replaced["broker"] += text.count(PAGE_BROKER)
@@ -315,7 +323,7 @@ class Run:
                 f"line {command.line}: {text!r} ran for more than {self.timeout:.0f}s; "
                 f"output so far:\n{exc.output}"
             ) from None
-        output = proc.stdout.splitlines()
+        output = [self.adapt_output(line) for line in proc.stdout.splitlines()]
         if proc.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
             output = [line for line in output if not BASH_KILLED.match(line)] + ["Killed"]
         result = Result(command, text, proc.returncode, output)
@@ -340,6 +348,12 @@ class Run:
         if not matches(expected, actual):
             wanted = "\n".join(f"    {line}" for line in command.expected) or "    (nothing)"
             raise TutorialError(f"{where}\nthe page shows:\n{wanted}\nit printed:\n{shown}")
+
+
+def _masked(url: str) -> str:
+    from kombu import Connection
+
+    return str(Connection(url).as_uri())
 
 
 def _nothing(run: Run, command: Command) -> None:

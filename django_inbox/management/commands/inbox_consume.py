@@ -1,30 +1,54 @@
 from __future__ import annotations
 
+import sys
 from argparse import BooleanOptionalAction
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from kombu.connection import Connection
 
 from ...conf import inbox_settings
-from ...consumer.loop import AckMode, BrokerConsumer, BrokerMisconfigured
+from ...consumer.loop import (
+    AckMode,
+    BrokerConsumer,
+    BrokerMisconfigured,
+    BrokerUnreachable,
+    ConsumeStats,
+)
 from ...registry import registry
-from ..base import add_metrics_option, add_stop_options, start_metrics
-from .inbox_process import Command as ProcessCommand
+from ..base import (
+    MISCONFIGURED,
+    InboxCommand,
+    add_metrics_option,
+    add_stop_options,
+    seconds,
+    start_metrics,
+)
+
+#: How long a broker that was never reached is tried before the command gives up.
+WAIT_FOR_BROKER = 30.0
 
 
-class Command(ProcessCommand):
+class Command(InboxCommand):
     help = (
         "Consume a broker queue into the inbox: each message is acknowledged only after the "
         "inbox committed it. Runs until stopped (SIGTERM/SIGINT: finish the current message, "
         "leave the rest unacknowledged for the broker to redeliver, exit 0; a second signal "
-        "rolls back and exits 1). Exit codes: 0 stopped normally, 1 interrupted, "
-        "2 misconfigured."
+        "rolls back and exits 1). A lost broker or database is waited for. Exit codes: "
+        "0 stopped normally, 1 interrupted, 2 misconfigured (unknown consumer, bad broker URL, "
+        "broker refusing the queue or never reached, inbox table missing)."
     )
+    waits_for_database = True
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--consumer", required=True, help="The inbox consumer to feed.")
         parser.add_argument(
-            "--queue", default=None, help="Queue to consume (default: the consumer's name)."
+            "--queue",
+            required=True,
+            help=(
+                "The broker queue to consume. Declared (durable) if it does not exist, unless "
+                "--no-declare: check its name, a typo consumes an empty new queue."
+            ),
         )
         parser.add_argument(
             "--broker", default=None, help="kombu broker URL (default: INBOX_BROKER_URL)."
@@ -80,6 +104,17 @@ class Command(ProcessCommand):
                 "per transaction."
             ),
         )
+        parser.add_argument(
+            "--wait-for-broker",
+            type=seconds,
+            default=WAIT_FOR_BROKER,
+            metavar="DURATION",
+            help=(
+                "Give up with exit 2 if the broker cannot be reached within this long of "
+                f"starting (default {WAIT_FOR_BROKER:.0f}s); 0 waits for ever. A broker lost "
+                "after it was reached is always waited for."
+            ),
+        )
         add_stop_options(parser, "broker messages")
         add_metrics_option(parser)
 
@@ -89,19 +124,23 @@ class Command(ProcessCommand):
             raise CommandError(
                 f"No handlers are registered for consumer {consumer!r}; known consumers: "
                 f"{registry.consumers()!r}.",
-                returncode=2,
+                returncode=MISCONFIGURED,
             )
         broker = options["broker"] or inbox_settings.broker_url
         if not broker:
             raise CommandError(
-                "No broker: pass --broker URL or set INBOX_BROKER_URL.", returncode=2
+                "No broker: pass --broker URL or set INBOX_BROKER_URL.", returncode=MISCONFIGURED
             )
+        masked = _check_broker_url(broker)
         for name in ("prefetch", "max_messages", "commit_every"):
             if options[name] is not None and options[name] < 1:
-                raise CommandError(f"--{name.replace('_', '-')} must be at least 1.", returncode=2)
+                raise CommandError(
+                    f"--{name.replace('_', '-')} must be at least 1.", returncode=MISCONFIGURED
+                )
+        verbosity = options["verbosity"]
         worker = BrokerConsumer(
             consumer=consumer,
-            queue=options["queue"] or consumer,
+            queue=options["queue"],
             broker_url=broker,
             transport_options=inbox_settings.broker_transport_options,
             exchange=options["exchange"],
@@ -114,16 +153,74 @@ class Command(ProcessCommand):
             commit_every=options["commit_every"],
             max_messages=options["max_messages"],
             until_idle=options["until_idle"],
+            wait_for_broker=options["wait_for_broker"] or None,
+            on_message_done=self._print_message if verbosity >= 2 else None,
         )
+        if verbosity >= 1:
+            self.stderr.write(start_line(worker, masked))
         start_metrics(options["metrics_port"])
         try:
             with worker.shutdown.handling_signals():
                 stats = worker.run()
-        except BrokerMisconfigured as exc:
-            raise CommandError(f"{exc}.", returncode=2) from None
-        if options["verbosity"] >= 1:
-            counts = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
-            self.stdout.write(
-                f"inbox_consume: acked {stats.acked} ({counts}), refused {stats.refused}, "
-                f"requeued {stats.requeued}, reconnects {stats.reconnects}"
+        except (BrokerMisconfigured, BrokerUnreachable) as exc:
+            raise CommandError(f"{exc}.", returncode=MISCONFIGURED) from None
+        if verbosity >= 1:
+            self.stdout.write(summary(stats))
+
+    def _print_message(self, message_id: str | None, outcome: str, seconds: float) -> None:
+        self.stdout.write(f"{message_id or '(no id)'} {outcome} in {seconds * 1000:.1f} ms")
+        sys.stdout.flush()
+
+
+def _check_broker_url(url: str) -> str:
+    """The URL with its password masked; exit 2 if kombu has no transport for its scheme."""
+    if "://" not in url:  # kombu would take it for an AMQP host name
+        raise CommandError(
+            "the broker URL has no scheme; use amqp://, redis://, sqs:// or filesystem://",
+            returncode=MISCONFIGURED,
+        )
+    try:
+        connection = Connection(url)
+        connection.transport_cls  # noqa: B018 (resolving it finds an unknown scheme)
+        connection.transport  # noqa: B018
+    except (KeyError, ValueError) as exc:
+        scheme = url.split("://", 1)[0] if "://" in url else url
+        raise CommandError(
+            f"unknown broker URL scheme {scheme!r} in --broker/INBOX_BROKER_URL ({exc}); use "
+            "amqp://, redis://, sqs:// or filesystem://",
+            returncode=MISCONFIGURED,
+        ) from None
+    except ImportError as exc:
+        raise CommandError(
+            f"the broker URL needs a package that is not installed ({exc}); for Redis: pip "
+            "install 'django-transactional-inbox[redis]', for SQS: '[sqs]'",
+            returncode=MISCONFIGURED,
+        ) from None
+    return str(connection.as_uri())
+
+
+def start_line(worker: BrokerConsumer, masked_url: str) -> str:
+    """What the consumer is about to do, said once on start (never a password)."""
+    if worker.declare:
+        declared = "declared durable if missing"
+        if worker.exchange:
+            routing = worker.routing_key or worker.queue_name
+            declared += (
+                f", bound to {worker.exchange_type} exchange {worker.exchange!r} "
+                f"with key {routing!r}"
             )
+    else:
+        declared = "not declared: it must exist"
+    return (
+        f"inbox_consume: consumer {worker.consumer!r}, queue {worker.queue_name!r} "
+        f"({declared}), broker {masked_url}; ack {worker.ack_mode.value}, prefetch "
+        f"{worker.prefetch}, commit every {worker.commit_every}"
+    )
+
+
+def summary(stats: ConsumeStats) -> str:
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
+    return (
+        f"inbox_consume: acked {stats.acked} ({counts}), refused {stats.refused}, "
+        f"requeued {stats.requeued}, reconnects {stats.reconnects}"
+    )

@@ -17,6 +17,8 @@ class Command(InboxCommand):
         "Exit codes: 0 stopped normally, 1 interrupted, 2 misconfigured."
     )
 
+    waits_for_database = True
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--consumer",

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import sys
 from argparse import ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ...actions import REPLAYABLE, command_actor, replay, select
+from ...actions import REPLAYABLE, command_actor, count_by_status, replay, select
 from ...models import InboxMessage
 from ..base import MISCONFIGURED, InboxCommand, moment
 
@@ -25,9 +26,10 @@ class Command(InboxCommand):
     help = (
         "Send dead and parked messages (and, with --force, completed ones) back to received: "
         "the same row and message id, a fresh set of attempts, history kept and the replay "
-        "recorded in it. Select by id, message id, consumer, event type, status and time. "
-        "Exit codes: 0 done (or nothing matched), 1 some selected rows were refused, "
-        "2 misconfigured."
+        "recorded in it. Select by id, message id, consumer, event type, status and time, or "
+        "--all for every dead and parked row; the count is shown before anything changes "
+        "(and confirmed at a terminal). Exit codes: 0 done (or nothing matched, or "
+        "cancelled), 1 some selected rows were refused, 2 misconfigured (no selection)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -82,11 +84,29 @@ class Command(InboxCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="Print what would be replayed; change nothing."
         )
+        parser.add_argument(
+            "--all",
+            action="store_true",
+            help="Select every dead and parked row (needed when no other selection is given).",
+        )
+        parser.add_argument(
+            "--no-input",
+            action="store_false",
+            dest="interactive",
+            help="Do not ask for confirmation at a terminal.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["force"] and not options["reason"].strip():
             raise CommandError(
                 "--force re-runs completed messages; say why with --reason.",
+                returncode=MISCONFIGURED,
+            )
+        criteria = ("pks", "message_ids", "consumer", "event_types", "statuses", "since", "until")
+        if not options["all"] and not any(options[name] for name in criteria):
+            raise CommandError(
+                "say what to replay: --status, --consumer, --event-type, --id, --message-id, "
+                "--since/--until, or --all for every dead and parked row.",
                 returncode=MISCONFIGURED,
             )
         rows = select(
@@ -98,6 +118,10 @@ class Command(InboxCommand):
             since=options["since"],
             until=options["until"],
         )
+        verbosity = options["verbosity"]
+        if not options["dry_run"] and not self._confirmed(rows, options, verbosity):
+            self.stdout.write("inbox_replay: cancelled; nothing replayed")
+            return
         result = replay(
             rows,
             actor=command_actor("inbox_replay"),
@@ -106,7 +130,6 @@ class Command(InboxCommand):
             dry_run=options["dry_run"],
             via="command",
         )
-        verbosity = options["verbosity"]
         if verbosity >= 2 or (options["dry_run"] and verbosity >= 1):
             for pk, consumer, message_id, status in result.rows:
                 self.stdout.write(f"{pk} {consumer} {message_id} ({status})")
@@ -121,3 +144,22 @@ class Command(InboxCommand):
         if result.refused:
             refused = "; ".join(f"{n:,} {why}" for why, n in sorted(result.refused.items()))
             raise CommandError(f"refused {refused}", returncode=1)
+
+    def _confirmed(self, rows: Any, options: dict[str, Any], verbosity: int) -> bool:
+        """Say how many rows are selected, by status; at a terminal, ask before going on."""
+        counts = count_by_status(rows)
+        total = sum(counts.values())
+        if verbosity >= 1:
+            by_status = ", ".join(f"{s} {n:,}" for s, n in sorted(counts.items()))
+            self.stdout.write(f"Selected {total:,} row(s)" + (f" ({by_status})" if total else ""))
+        if not total or not options["interactive"] or not _at_a_terminal():
+            return True
+        answer = input("Replay them? [y/N] ")
+        return answer.strip().lower() in ("y", "yes")
+
+
+def _at_a_terminal() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError, OSError):  # replaced or closed (tests, daemons)
+        return False

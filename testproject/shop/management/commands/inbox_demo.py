@@ -78,8 +78,18 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--messages", type=int, default=1000)
-        parser.add_argument("--seed", type=int, default=7)
+        parser.add_argument(
+            "--messages",
+            type=int,
+            default=1000,
+            help="Broker messages in the stream, redelivered copies included (default 1000).",
+        )
+        parser.add_argument(
+            "--seed",
+            type=int,
+            default=7,
+            help="Seed of the random stream: the same seed gives the same run (default 7).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["verbosity"] < 2:
@@ -167,7 +177,7 @@ class Command(BaseCommand):
             .order_by("consumer", "last_error")
         )
         for entry in dead:
-            reason = entry["last_error"][:90]
+            reason = _shorten(entry["last_error"], 90)
             self.stdout.write(f"  {entry['consumer']:10} {entry['n']:>3} x {reason}")
         self.stdout.write("")
 
@@ -196,12 +206,21 @@ class Command(BaseCommand):
             f"  {len(charges)} orders charged for {len(paid)} completed payment messages: "
             f"doubled charges {doubled}, lost {lost}: {verdict}"
         )
-        self.stdout.write(f"  worker outcomes: {dict(sorted(worker.items()))}")
+        runs = ", ".join(f"{n} {outcome}" for outcome, n in sorted(worker.items())) or "nothing"
+        self.stdout.write(f"  the worker ran {sum(worker.values())} attempts: {runs}")
         self.stdout.write("")
         self.stdout.write(
             "Every duplicate was skipped by the database's unique (consumer, message_id) key, "
             "in the same transaction as the effect."
         )
+
+
+def _shorten(text: str, width: int) -> str:
+    """``text`` cut at a word boundary before ``width`` characters, an ellipsis marking it."""
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1].rsplit(" ", 1)[0]
+    return cut.rstrip(" ,:;") + "…"
 
 
 def _broker() -> tuple[str, dict[str, Any]]:

@@ -1,0 +1,187 @@
+"""``inbox_consume`` against hostile broker messages and a new user's mistakes.
+
+Real RabbitMQ and Redis, real ``inbox_consume`` processes. A message with an id is never
+requeued for ever: it is stored (``dead`` with its raw body and the reason when it cannot be
+read) and acknowledged. Mistakes in the command line end at once with exit 2 and a sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.db import connection
+
+from django_inbox.models import InboxMessage
+from tests import brokers
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+Manage = Callable[..., subprocess.Popen[str]]
+Status = InboxMessage.Status
+
+
+@pytest.fixture(params=["rabbitmq", "redis"])
+def broker(request: pytest.FixtureRequest) -> str:
+    return brokers.BROKERS[request.param]
+
+
+@pytest.fixture
+def queue(broker: str) -> Iterator[str]:
+    name = brokers.new_queue_name("hostile")
+    yield name
+    brokers.delete_queue(broker, name)
+
+
+def consume(manage: Manage, broker: str, queue: str, *args: str) -> subprocess.Popen[str]:
+    env = {"INBOX_BROKER_TRANSPORT_OPTIONS": json.dumps(brokers.options_for(broker))}
+    return manage(
+        "inbox_consume", "--consumer", "stream", "--queue", queue, "--broker", broker, *args,
+        env=env,
+    )  # fmt: skip
+
+
+def test_messages_no_codec_or_column_can_take_are_stored_dead_and_acked(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    brokers.publish(
+        broker,
+        queue,
+        [
+            {"id": "enc-undefined", "type": "effect.write", "body": b'{"n": 1}',
+             "content_encoding": "undefined"},
+            {"id": "enc-unknown", "type": "effect.write", "body": b'{"n": 2}',
+             "content_encoding": "no-such-codec"},
+            {"id": "nul-type", "type": "effect.\x00write", "body": {"n": 3}},
+            {"id": "nul-source", "type": "effect.write", "body": {"n": 4},
+             "headers": {"ce-source": "orders\x00", "ce-partitionkey": "k\x00"}},
+            {"id": "nul-header", "type": "effect.write", "body": {"n": 5},
+             "headers": {"x-note": "a\x00b"}},
+            {"id": "fine", "type": "effect.write", "body": {"n": 6}},
+        ],
+    )  # fmt: skip
+
+    proc = consume(manage, broker, queue, "--until-idle", "2")
+    _out, err = proc.communicate(timeout=120)
+
+    assert proc.returncode == 0, err[-3000:]
+    assert brokers.queue_depth(broker, queue) == 0, "every message was acknowledged"
+    rows = {row.message_id: row for row in InboxMessage.objects.filter(consumer="stream")}
+    assert set(rows) == {
+        "enc-undefined", "enc-unknown", "nul-type", "nul-source", "nul-header", "fine"
+    }  # fmt: skip
+    for name in ("enc-undefined", "enc-unknown"):
+        assert rows[name].status == Status.DEAD
+        assert "is not valid" in rows[name].last_error and "text" in rows[name].last_error
+        assert rows[name].payload["raw"], "the raw body is kept for an operator"
+    assert rows["nul-type"].status == Status.DEAD
+    assert rows["nul-type"].event_type == "effect.\\x00write"
+    assert "NUL" in rows["nul-type"].last_error
+    assert rows["nul-source"].status == Status.DEAD
+    assert "\\x00" in rows["nul-source"].source
+    # A NUL inside a header's value: the message itself is fine; its headers are cleaned.
+    assert rows["nul-header"].status == Status.COMPLETED
+    assert rows["nul-header"].headers["x-note"] == "a\\x00b"
+    assert rows["fine"].status == Status.COMPLETED
+    assert "requeue" not in err
+
+
+def test_a_row_whose_error_cannot_be_stored_does_not_kill_the_consumer(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    from django_inbox import store
+
+    # A due row whose handler raises text with a NUL: the start-up sweep runs it first.
+    store(consumer="stream", message_id="due-1", event_type="effect.write",
+          payload={"fail_text": "quoted <NUL> payload"})  # fmt: skip
+    brokers.publish(broker, queue, [{"id": "m-1", "type": "effect.write", "body": {"n": 1}}])
+
+    proc = consume(manage, broker, queue, "--until-idle", "2")
+    _out, err = proc.communicate(timeout=120)
+
+    assert proc.returncode == 0, err[-3000:]
+    due = InboxMessage.objects.get(message_id="due-1")
+    assert due.status in (Status.FAILED, Status.DEAD)  # retried while the consumer ran
+    assert due.errors and all("quoted \\x00 payload" in e["message"] for e in due.errors)
+    assert InboxMessage.objects.get(message_id="m-1").status == Status.COMPLETED
+
+
+# --- a new user's mistakes ---------------------------------------------------------------
+
+
+def test_before_migrate_it_exits_2_saying_run_migrate(manage: Manage, db_url: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE DATABASE inbox_unmigrated_test")
+    try:
+        unmigrated = db_url.rsplit("/", 1)[0] + "/inbox_unmigrated_test"
+        started = time.monotonic()
+        proc = manage(
+            "inbox_consume", "--consumer", "stream", "--queue", "q", "--broker",
+            brokers.RABBITMQ, env={"DATABASE_URL": unmigrated},
+        )  # fmt: skip
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP DATABASE IF EXISTS inbox_unmigrated_test")
+
+    assert proc.returncode == 2, err
+    assert "migrate" in err
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("rabbitmq://guest:guest@127.0.0.1:5672//", "unknown broker URL scheme 'rabbitmq'"),
+        ("no-scheme-at-all", "the broker URL has no scheme"),
+    ],
+)
+def test_an_unknown_broker_scheme_is_one_line_and_exit_2(
+    manage: Manage, url: str, says: str
+) -> None:
+    proc = manage("inbox_consume", "--consumer", "stream", "--queue", "q", "--broker", url)
+    _, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == 2, err
+    assert says in err
+    assert "Traceback" not in err
+
+
+def test_a_broker_never_reached_gives_up_with_exit_2(manage: Manage) -> None:
+    started = time.monotonic()
+    proc = manage(
+        "inbox_consume", "--consumer", "stream", "--queue", "q",
+        "--broker", "amqp://guest:secret-pw@127.0.0.1:1//", "--wait-for-broker", "3s",
+        "--until-idle", "1",
+    )  # fmt: skip
+    _, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == 2, err
+    assert "could not reach the broker" in err
+    assert "secret-pw" not in err
+    assert time.monotonic() - started < 30
+
+
+def test_queue_is_required_and_the_start_line_says_what_was_declared(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    missing = manage("inbox_consume", "--consumer", "stream", "--broker", broker)
+    _, err = missing.communicate(timeout=60)
+    assert missing.returncode == 2
+    assert "--queue" in err
+
+    brokers.publish(broker, queue, [{"id": "v-1", "type": "effect.write", "body": {"n": 1}}])
+    proc = consume(manage, broker, queue, "--until-idle", "1", "-v", "2")
+    out, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == 0, err
+    first = err.splitlines()[0]
+    assert f"queue {queue!r}" in first and "consumer 'stream'" in first, first
+    assert "declared" in first and "ack after-process" in first and "prefetch" in first
+    if "guest:" in broker:
+        assert ":guest@" not in first, "never the password"
+    per_message = [line for line in out.splitlines() if line.startswith("v-1 ")]
+    assert len(per_message) == 1 and "processed" in per_message[0] and "ms" in per_message[0]
+    assert "{" not in per_message[0], "never the payload"
