@@ -274,7 +274,9 @@ def committing(using: str, pks: Callable[[], list[int]]) -> Iterator[None]:
             yield
             body_done = True
     except Exception as exc:
-        if not (body_done and _committed(exc, pks(), using)):
+        # A lost connection is not asked whether it committed: the check would open a new one
+        # and hide the loss from the caller.
+        if not body_done or connection_lost(exc, using) or not _committed(exc, pks(), using):
             raise
 
 

@@ -196,6 +196,9 @@ def test_killed_database_connections_are_survived(manage: Manage, broker: str, q
     print(f"database connections killed: {terminated}; {out}; lost={lost} doubled={doubled}")
     assert terminated >= 5
     assert (lost, doubled) == (0, 0)
+    # A lost connection is not the handler's failure: no attempt was used up, none failed.
+    assert "failed" not in out, out
+    assert not InboxMessage.objects.filter(consumer="stream", attempts__gt=1).exists()
 
 
 def _with_application_name(connection, name: str) -> str:  # type: ignore[no-untyped-def]

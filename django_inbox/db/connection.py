@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, connections
 
 logger = logging.getLogger("django_inbox")
 
@@ -101,11 +101,39 @@ def connection_lost(exc: BaseException, using: str) -> bool:
         return False
     if state is not None and (state in CONNECTION_ENDED or state.startswith("08")):
         return True  # the driver may not have noticed yet that the connection is gone
+    if state is None and _client_side(exc):
+        return True  # the socket closed, a connect failed: no server ever answered
+    # Judged from the error alone where possible: by now a later query (a rollback, a check)
+    # may already have opened a new, healthy connection.
     connection = connections[using]
     if connection.connection is None:
         # Never connected, or closed already: a failed connect (refused, no slot left).
         return isinstance(exc, DatabaseError) or _caused_by_database(exc)
     return _broken(connection)
+
+
+def _client_side(exc: BaseException) -> bool:
+    """An ``InterfaceError``, or a driver's ``OperationalError`` without an SQLSTATE: the
+    driver lost (or never had) the connection; the server sent no error."""
+    for current in _chain(exc):
+        if isinstance(current, InterfaceError):
+            return True
+        kind = type(current)
+        if kind.__module__.startswith(("psycopg", "psycopg2")) and kind.__name__ in (
+            "OperationalError",
+            "InterfaceError",
+        ):
+            return True
+    return False
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in found):
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
 
 
 def _caused_by_database(exc: BaseException) -> bool:
