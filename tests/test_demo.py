@@ -32,3 +32,19 @@ def test_demo_stream_through_the_embedded_broker_ends_with_every_check_ok(
     assert "doubled charges 0, lost 0" in text
     assert "refused at the broker (no message id)            1           1" in text
     assert "still pending                                    0           0" in text
+    # Reasons are cut at a word, with an ellipsis; the worker's outcomes read as a sentence.
+    reasons = text.split("Dead messages and why:")[1].split("Checks against")[0].splitlines()
+    for line in filter(None, (line.strip() for line in reasons)):
+        assert len(line) <= 110, line
+        if line.endswith("…"):
+            assert not line[-2].isspace() and line[:-1].rstrip() == line[:-1], line
+    (worker,) = [line for line in text.splitlines() if "the worker ran" in line]
+    assert "{" not in worker and "processed" in worker, worker
+
+
+def test_demo_options_say_what_they_do() -> None:
+    from shop.management.commands.inbox_demo import Command
+
+    parser = Command().create_parser("manage.py", "inbox_demo")
+    helps = {action.dest: action.help for action in parser._actions}
+    assert helps["messages"] and helps["seed"]

@@ -21,7 +21,7 @@ from kombu.message import Message
 
 from django_inbox import InvalidMessage, Outcome, deliver, store
 from django_inbox.consumer.envelope import parse
-from django_inbox.consumer.intake import Action, AckMode, Intake
+from django_inbox.consumer.intake import AckMode, Action, Intake
 from django_inbox.models import InboxMessage
 from tests.conftest import handler
 
@@ -44,8 +44,9 @@ JSON = st.recursive(
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=True, allow_infinity=True)
     | ANY_TEXT,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(SHORT_TEXT, children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(SHORT_TEXT, children, max_size=4)
+    ),
     max_leaves=12,
 )
 IDS = st.one_of(

@@ -537,5 +537,3 @@ def refuse_unstorable_query(request: HttpRequest) -> None:
 def actor_of(request: HttpRequest) -> str:
     user = request.user
     return f"{user.get_username()} (admin user {user.pk})"
-
-
