@@ -59,7 +59,9 @@ def test_the_tutorial_runs_as_written_and_applies_each_order_once(tmp_path: Path
     assert len(killed) == 1, [(r.ran, r.returncode) for r in consumes]
     after_kill = consumes[consumes.index(killed[0]) + 1]
     assert normalise(after_kill.output) == [
-        "inbox_consume: acked 1 (processed 1), refused 0, requeued 0, reconnects 0"
+        "inbox_consume: consumer 'inventory', queue 'orders' (declared durable if missing), "
+        "broker amqp://guest:**@localhost:5672//; ack after-process, prefetch 100, commit every 1",
+        "inbox_consume: acked 1 (processed 1), refused 0, requeued 0, reconnects 0",
     ]
     assert any("inbox_process" in ran for ran in printed)
 
