@@ -504,7 +504,7 @@ def measure_pages(client: Any, runs: int) -> list[dict[str, Any]]:
 
 
 def measure_baselines(runs: int) -> dict[str, Any]:
-    from django_inbox.stats import collect
+    from django_inbox.services import collect
 
     columns = (
         "id, consumer, message_id, event_type, status, attempts, received_at, updated_at, "

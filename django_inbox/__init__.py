@@ -22,7 +22,8 @@ from .outcomes import Outcome
 from .registry import inbox_handler
 
 if TYPE_CHECKING:
-    from .delivery import deliver, store, store_dead
+    from .delivery import deliver
+    from .storing import store, store_dead
 
 __version__ = "0.1.0"
 
@@ -50,8 +51,12 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # deliver/store import the model, which needs the app registry: load them on first use so
     # `from django_inbox import inbox_handler` works in settings-time imports.
-    if name in ("deliver", "store", "store_dead"):
-        from . import delivery
+    if name == "deliver":
+        from .delivery import deliver
 
-        return getattr(delivery, name)
+        return deliver
+    if name in ("store", "store_dead"):
+        from . import storing
+
+        return getattr(storing, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

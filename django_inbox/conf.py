@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_BROKER_URL": None,
     "INBOX_BROKER_TRANSPORT_OPTIONS": {},
     "INBOX_PREFETCH": 100,
-    "INBOX_ENVELOPE": "django_inbox.consumer.envelope.parse",
+    "INBOX_ENVELOPE": "django_inbox.broker.envelope.parse",
     "INBOX_POLL_INTERVAL": 1.0,
     "INBOX_ADMIN": True,
     "INBOX_METRICS": False,

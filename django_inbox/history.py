@@ -81,6 +81,20 @@ def append(history: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[st
     return entries
 
 
+def interrupted_entry(attempt: int, error: str, *, at: datetime) -> dict[str, Any]:
+    """An attempt the loss of the database connection cut short, not counted."""
+    return {
+        "kind": "interrupted",
+        "at": at.isoformat(),
+        "attempt": attempt,
+        "message": storable(
+            f"the database connection was lost during attempt {attempt}"
+            + (f" ({error})" if error else "")
+            + "; the attempt is not counted"
+        )[:MAX_MESSAGE],
+    }
+
+
 def action_entry(
     kind: str,
     *,

@@ -5,7 +5,7 @@ backend was terminated, the network dropped, no connection slot was left), nothi
 running attempt committed, and it was not the handler's fault. The process cannot say so
 while the database is away, so it notes the rows here (and the lease of a claim whose reply
 was lost) and gives them back as soon as it reaches the database again
-(:func:`django_inbox.processing.give_back_interrupted`): due now, attempt uncounted, and for
+(:func:`django_inbox.attempts.give_back_interrupted`): due now, attempt uncounted, and for
 the row that was running an ``interrupted`` entry in its history.
 
 A handler that kills its own connection every time must not loop for ever: a row's first
@@ -16,17 +16,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
-from django.db.models import Case, F, Value, When
-from django.utils import timezone
-
-from . import history
 from .models import InboxMessage
 from .text import cut, exception_message
-
-Status = InboxMessage.Status
 
 
 @dataclass
@@ -87,49 +79,3 @@ def put_back(entries: list[Noted]) -> None:
 def free_interruptions(row: InboxMessage) -> int:
     """How many interruptions of ``row`` went uncounted so far."""
     return sum(1 for entry in row.history if entry.get("kind") == "interrupted")
-
-
-def release_lease(lease_id: str, now: datetime, using: str) -> int:
-    """Give back every row a lost claim committed under ``lease_id``, attempt uncounted."""
-    return (
-        InboxMessage.objects.using(using)
-        .filter(lease_id=lease_id, status=Status.IN_PROGRESS)
-        .update(
-            status=Case(
-                When(attempts__lte=1, then=Value(Status.RECEIVED)), default=Value(Status.FAILED)
-            ),
-            attempts=F("attempts") - 1,
-            next_attempt_at=now,
-            locked_until=None,
-            lease_id="",
-            updated_at=now,
-        )
-    )
-
-
-def release_interrupted(row: InboxMessage, error: str, using: str) -> int:
-    """Give back the row that was running, attempt uncounted, its history saying why."""
-    now = timezone.now()
-    entry: dict[str, Any] = {
-        "kind": "interrupted",
-        "at": now.isoformat(),
-        "attempt": row.attempts,
-        "message": (
-            f"the database connection was lost during attempt {row.attempts}"
-            + (f" ({error})" if error else "")
-            + "; the attempt is not counted"
-        ),
-    }
-    return (
-        InboxMessage.objects.using(using)
-        .filter(pk=row.pk, lease_id=row.lease_id, status=Status.IN_PROGRESS)
-        .update(
-            status=Status.RECEIVED if row.attempts <= 1 else Status.FAILED,
-            attempts=F("attempts") - 1,
-            history=history.append(row.history, entry),
-            next_attempt_at=now,
-            locked_until=None,
-            lease_id="",
-            updated_at=now,
-        )
-    )

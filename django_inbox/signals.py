@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.dispatch import Signal
 
+from .text import exception_text
+
 if TYPE_CHECKING:
     from .models import InboxMessage
 
@@ -123,8 +125,6 @@ def send(
         )
         for receiver, error in results:
             if isinstance(error, Exception):
-                from .observe import exception_text
-
                 logger.error(
                     "inbox signal receiver %s failed for %s %s: %s",
                     _name(receiver),

@@ -410,7 +410,7 @@ class Inbox:
     @property
     def store(self) -> Callable[..., bool]:
         """:func:`django_inbox.store`: keep the message for :meth:`run_worker`."""
-        from .delivery import store
+        from .storing import store
 
         return store
 

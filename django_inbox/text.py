@@ -14,6 +14,7 @@ but refused (:mod:`django_inbox.validation`): changing them would change what th
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 #: What a NUL character is replaced with.
@@ -66,3 +67,23 @@ def storable_json(value: Any) -> Any:
 def cut(value: str, limit: int) -> str:
     """``value`` shortened to ``limit`` characters, an ellipsis marking the cut."""
     return value if len(value) <= limit else value[: max(limit - 1, 0)] + "…"
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception for a log line: its type and the frames it went through, never its
+    message (nor a chained exception's), which may quote a payload or header value.
+
+    Handler exceptions are kept whole in the row's ``history`` (see the admin); a log line
+    only says what was raised and where.
+    """
+    kind = type(exc)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    text = f"{name} (its message is not logged: it may quote the payload)"
+    frames = traceback.format_list(traceback.extract_tb(exc.__traceback__))
+    if frames:
+        text += "\nTraceback (most recent call last):\n" + "".join(frames).rstrip("\n")
+    return text

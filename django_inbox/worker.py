@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 
 from . import interruptions
+from .attempts import give_back_interrupted, process_batch, release
+from .claims import claim_batch
 from .conf import inbox_settings
 from .db.connection import Outage, connection_lost, keep_connection
+from .leases import is_shared
 from .models import InboxMessage
-from .processing import claim_batch, give_back_interrupted, process_batch, release
-from .recovery import SHARED_TRANSACTION
 from .registry import registry
 from .shutdown import Shutdown
 
@@ -95,7 +96,7 @@ class Worker:
             if solo:
                 commit_every = 1
             batch = claim_batch(consumer, room, shared_transaction=commit_every > 1)
-            if not batch[:1] or not batch[0].lease_id.startswith(SHARED_TRANSACTION):
+            if not batch[:1] or not is_shared(batch[0].lease_id):
                 commit_every = 1
             for start in range(0, len(batch), commit_every):
                 chunk = batch[start : start + commit_every]

@@ -25,7 +25,7 @@ from bench.admin_pages import (
 )
 from django_inbox.admin.paginator import COUNT_CAP
 from django_inbox.models import InboxMessage
-from django_inbox.stats import estimated_rows
+from django_inbox.services.stats import estimated_rows
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

@@ -10,8 +10,8 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from django_inbox import store
+from django_inbox.claims import claim_batch
 from django_inbox.models import InboxMessage
-from django_inbox.processing import claim_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,7 @@ from django.test import override_settings
 from effects.models import Effect
 from kombu import Connection, Queue
 
-from django_inbox.consumer.loop import AckMode, BrokerConsumer, ConsumeStats
+from django_inbox.broker.connection import AckMode, BrokerConsumer, ConsumeStats
 from django_inbox.models import InboxMessage
 
 pytestmark = pytest.mark.django_db(transaction=True)

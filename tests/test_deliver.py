@@ -9,8 +9,9 @@ from django.db import DatabaseError, connection, transaction
 from effects.models import Effect
 
 from django_inbox import Outcome, deliver, store
+from django_inbox.attempts import process_claimed
+from django_inbox.claims import claim_batch
 from django_inbox.models import InboxMessage
-from django_inbox.processing import claim_batch, process_claimed
 from django_inbox.worker import Worker
 from tests.effects import effect_counts
 

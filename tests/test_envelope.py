@@ -18,7 +18,7 @@ import pytest
 from kombu import Connection, Queue
 from kombu.message import Message
 
-from django_inbox.consumer.envelope import RAW_LIMIT, Envelope, parse
+from django_inbox.broker.envelope import RAW_LIMIT, Envelope, parse
 
 JSON = "application/json"
 CLOUDEVENTS = "application/cloudevents+json"

@@ -32,7 +32,7 @@ def test_stats_for_an_unknown_consumer_exits_2_naming_the_known_ones() -> None:
 
 @pytest.mark.django_db
 def test_stats_for_a_consumer_known_only_by_its_rows_is_fine() -> None:
-    from django_inbox.delivery import store_dead
+    from django_inbox import store_dead
 
     store_dead(consumer="retired", message_id="r-1", event_type="x", payload={}, reason="gone")
     out = StringIO()

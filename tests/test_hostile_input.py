@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 from effects.models import Effect
 
-from django_inbox import InvalidMessage, Outcome, deliver, store
-from django_inbox.delivery import store_dead
+from django_inbox import InvalidMessage, Outcome, deliver, store, store_dead
 from django_inbox.exceptions import UnknownConsumer
 from django_inbox.models import InboxMessage
 from django_inbox.text import storable, storable_json
@@ -116,7 +115,7 @@ def test_a_worker_records_the_error_and_goes_on_with_the_batch() -> None:
 
 
 def test_an_operator_reason_with_nul_is_stored_cleaned() -> None:
-    from django_inbox.actions import park, select
+    from django_inbox.services import park, select
 
     with handler("boom", "hostile", raising(RuntimeError("x"))):
         store(consumer="hostile", message_id="p", event_type="boom", payload={})

@@ -28,12 +28,9 @@ from django.utils import timezone
 from kombu import Queue
 
 from django_inbox import Outcome, UnknownConsumer, deliver, signals, store, store_dead
-from django_inbox.actions import park, replay, select
 from django_inbox.contrib.health import health_view
 from django_inbox.models import InboxMessage
-from django_inbox.recovery import reclaim
-from django_inbox.services import process_due
-from django_inbox.stats import collect
+from django_inbox.services import collect, park, process_due, reclaim, replay, select
 from tests import brokers
 from tests.conftest import handler
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from kombu.message import Message
 
 from django_inbox import InvalidMessage, Outcome, deliver, store
-from django_inbox.consumer.envelope import parse
-from django_inbox.consumer.intake import AckMode, Action, Intake
+from django_inbox.broker.envelope import parse
+from django_inbox.broker.intake import AckMode, Action, Intake
 from django_inbox.models import InboxMessage
 from tests.conftest import handler
 

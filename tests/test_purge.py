@@ -30,7 +30,7 @@ from effects.models import Effect
 
 from django_inbox import Outcome, deliver, store
 from django_inbox.models import InboxMessage
-from django_inbox.purge import PurgeProgress, expired, purge
+from django_inbox.services.purge import PurgeProgress, expired, purge
 from tests.conftest import MANAGE, ROOT
 from tests.effects import effect_counts, lost_and_doubled
 

@@ -1,4 +1,4 @@
-"""Operator actions: replay, park and retry now (``django_inbox.actions``) and ``inbox_replay``.
+"""Operator actions: replay, park and retry now (``django_inbox.services``) and ``inbox_replay``.
 
 Every action changes rows in place (same pk, same message id), keeps their history and appends
 an entry naming who, how and why. Replayed rows are then processed for real and their effects
@@ -23,9 +23,8 @@ from django.utils import timezone
 from effects.models import Effect
 
 from django_inbox import history, store
-from django_inbox.actions import park, replay, retry_now, select
 from django_inbox.models import InboxMessage
-from django_inbox.services import process_due
+from django_inbox.services import park, process_due, replay, retry_now, select
 from tests.conftest import handler
 from tests.effects import effect_counts, lost_and_doubled
 

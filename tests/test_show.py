@@ -10,8 +10,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_inbox import Outcome, deliver
-from django_inbox.actions import replay, select
 from django_inbox.models import InboxMessage
+from django_inbox.services import replay, select
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

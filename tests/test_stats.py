@@ -1,4 +1,4 @@
-"""``inbox_stats`` and ``django_inbox.stats.collect``: counts per consumer and status, and the
+"""``inbox_stats`` and ``django_inbox.services.collect``: counts per consumer and status, and the
 problems an operator alerts on (dead rows, stuck rows, due rows waiting too long).
 
 The command's exit codes are checked on real processes: 0 healthy, 1 problems, 2 misconfigured.
@@ -16,10 +16,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_inbox import stats as stats_module
 from django_inbox.models import InboxMessage
 from django_inbox.registry import registry
-from django_inbox.stats import STATUSES, collect
+from django_inbox.services import STATUSES, collect
+from django_inbox.services import stats as stats_module
 
 Status = InboxMessage.Status
 Manage = Callable[..., subprocess.Popen[str]]

@@ -14,7 +14,7 @@ from django.utils.translation import gettext_lazy as _
 from ..conf import inbox_settings
 from ..models import ATTENTION_STATUSES, InboxMessage
 from ..registry import registry
-from ..stats import known_consumers
+from ..services import known_consumers
 
 
 class ConsumerFilter(admin.SimpleListFilter):

@@ -30,10 +30,16 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
-from .. import actions as services
-from ..actions import ActionResult, count_by_status
+from .. import services
 from ..models import ATTENTION_STATUSES, InboxMessage
-from ..stats import PROBLEM_KINDS, STATUSES, collect, known_consumers
+from ..services import (
+    PROBLEM_KINDS,
+    STATUSES,
+    ActionResult,
+    collect,
+    count_by_status,
+    known_consumers,
+)
 from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter
 from .paginator import COUNT_CAP, CappedCountPaginator
 from .render import error_type, pretty_json, status_badge, timeline

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.paginator import Paginator
 from django.utils.functional import cached_property
 
-from ..stats import estimated_rows
+from ..services.stats import estimated_rows
 
 #: Filtered lists are counted up to this many rows; beyond it the count says "more than".
 COUNT_CAP = 10_000

@@ -19,7 +19,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from ..stats import PROBLEM_KINDS, collect
+from ..services import PROBLEM_KINDS, collect
 
 
 @never_cache

@@ -136,7 +136,7 @@ class StatsCollector(Collector):
         }
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from ..stats import collect
+        from ..services import collect
 
         stats = collect()
         gauges = self._families()

@@ -222,3 +222,19 @@ def describe(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     state = _sqlstate(exc)
     return f"{type(exc).__name__}{f' {state}' if state else ''}: {first[:200]}"
+
+
+_PQ_TRANSACTION_INERROR = 3  # the same value in psycopg 3 and psycopg2
+
+
+def transaction_aborted(using: str) -> bool:
+    """Whether the current transaction can no longer commit (checked without a round trip)."""
+    connection = connections[using]
+    if connection.needs_rollback:
+        return True
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    raw = connection.connection
+    info = getattr(raw, "info", None)
+    status = info.transaction_status if info is not None else raw.get_transaction_status()
+    return int(status) == _PQ_TRANSACTION_INERROR

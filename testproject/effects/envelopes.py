@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from django_inbox.consumer.envelope import Envelope, parse
+from django_inbox.broker.envelope import Envelope, parse
 
 
 def from_legacy_headers(message: Any, **options: Any) -> Envelope:

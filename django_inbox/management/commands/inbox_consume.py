@@ -8,14 +8,14 @@ from django.core.management.base import CommandError, CommandParser
 from kombu.connection import Connection
 
 from ...conf import inbox_settings
-from ...consumer.loop import (
+from ...registry import registry
+from ...services import (
     AckMode,
     BrokerConsumer,
     BrokerMisconfigured,
     BrokerUnreachable,
     ConsumeStats,
 )
-from ...registry import registry
 from ..base import (
     MISCONFIGURED,
     InboxCommand,

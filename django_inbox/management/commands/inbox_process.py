@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from ...registry import registry
-from ...worker import Worker
+from ...services import Worker
 from ..base import InboxCommand, add_metrics_option, add_stop_options, seconds, start_metrics
 
 

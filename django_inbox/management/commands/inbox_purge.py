@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from ...models import InboxMessage
-from ...purge import PURGEABLE, PurgeProgress, purge
+from ...services import PURGEABLE, PurgeProgress, purge
 from ..base import MISCONFIGURED, InboxCommand, seconds
 
 #: Seconds between progress lines on a long run.

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ...recovery import reclaim
+from ...services import reclaim
 from ..base import MISCONFIGURED, InboxCommand, seconds
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ...actions import REPLAYABLE, command_actor, count_by_status, replay, select
 from ...models import InboxMessage
+from ...services import REPLAYABLE, command_actor, count_by_status, replay, select
 from ..base import MISCONFIGURED, InboxCommand, moment
 
 SELECTABLE = (*REPLAYABLE, InboxMessage.Status.COMPLETED)

@@ -5,8 +5,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ...conf import inbox_settings
 from ...models import InboxMessage
+from ...services import find
 from ..base import InboxCommand
 
 #: Exit code when no message matched.
@@ -36,15 +36,9 @@ class Command(InboxCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if not options["message_ids"] and not options["pks"]:
             raise CommandError("Give a MESSAGE_ID or --id.", returncode=2)
-        rows = InboxMessage.objects.using(inbox_settings.database).none()
-        base = InboxMessage.objects.using(inbox_settings.database)
-        if options["consumer"]:
-            base = base.filter(consumer=options["consumer"])
-        if options["message_ids"]:
-            rows = rows | base.filter(message_id__in=options["message_ids"])
-        if options["pks"]:
-            rows = rows | base.filter(pk__in=options["pks"])
-        found = list(rows.order_by("consumer", "pk"))
+        found = find(
+            message_ids=options["message_ids"], pks=options["pks"], consumer=options["consumer"]
+        )
         if options["json"]:
             self.stdout.write(
                 json.dumps([describe(m, options["payload"]) for m in found], indent=2, default=str)

@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
-from ...stats import PROBLEM_KINDS, STATUSES, InboxStats, collect, known_consumers
+from ...services import PROBLEM_KINDS, STATUSES, InboxStats, collect, known_consumers
 from ..base import MISCONFIGURED, InboxCommand, seconds
 
 #: Exit code when problems were found.

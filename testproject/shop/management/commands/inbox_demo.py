@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count, Sum
 from kombu import Connection, Queue
 
-from django_inbox.consumer.loop import AckMode, BrokerConsumer, ConsumeStats
+from django_inbox.broker.connection import AckMode, BrokerConsumer, ConsumeStats
 from django_inbox.models import InboxMessage
 from django_inbox.worker import Worker
 from shop.models import Payment, Stock

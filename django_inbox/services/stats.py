@@ -8,18 +8,17 @@ estimate of the table size instead of counted (``exact=True`` counts).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
-from .conf import inbox_settings
-from .models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
-from .registry import registry
+from ..conf import inbox_settings
+from ..db import statements
+from ..models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
+from ..registry import registry
 
 Status = InboxMessage.Status
 STATUSES = [str(status) for status in Status]
@@ -231,27 +230,9 @@ def _problems(
 
 
 def estimated_rows(using: str) -> int:
-    """PostgreSQL's estimate of the table's rows (no scan); ``0`` elsewhere or if unknown.
-
-    The planner's own estimate (``EXPLAIN SELECT … FROM table``): ``reltuples`` of the last
-    ``ANALYZE``/``VACUUM`` scaled to the table's current size, so it follows a table that grew
-    since (autovacuum may be off), and a guess from the table's size if it never was analysed.
-    """
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        return 0
-    table = connection.ops.quote_name(InboxMessage._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table}")
-        found = cursor.fetchone()
-    if not found:
-        return 0
-    plan = json.loads(found[0]) if isinstance(found[0], str | bytes) else found[0]
-    try:
-        rows = plan[0]["Plan"]["Plan Rows"]
-    except (LookupError, TypeError):
-        return 0
-    return max(int(rows), 0)
+    """PostgreSQL's estimate of the table's rows (see
+    :func:`~django_inbox.db.statements.estimated_rows`); ``0`` elsewhere."""
+    return statements.estimated_rows(using)
 
 
 def known_consumers() -> list[str]:
@@ -262,22 +243,5 @@ def known_consumers() -> list[str]:
 
 
 def distinct_consumers(using: str | None = None) -> list[str]:
-    """Every consumer that has rows. On PostgreSQL a walk of the unique index, one probe per
-    consumer (a loose index scan), so it stays instant on a table of millions of rows."""
-    using = using or inbox_settings.database
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        rows = InboxMessage.objects.using(using).order_by()
-        return sorted(rows.values_list("consumer", flat=True).distinct())
-    quote = connection.ops.quote_name
-    table = quote(InboxMessage._meta.db_table)
-    column = quote("consumer")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH RECURSIVE walk(name) AS ("
-            f"SELECT min({column}) FROM {table} "
-            f"UNION ALL SELECT (SELECT min({column}) FROM {table} WHERE {column} > walk.name) "
-            f"FROM walk WHERE walk.name IS NOT NULL) "
-            f"SELECT name FROM walk WHERE name IS NOT NULL"
-        )
-        return [str(name) for (name,) in cursor.fetchall()]
+    """Every consumer that has rows, without a scan (a loose index scan on PostgreSQL)."""
+    return statements.distinct_consumers(using or inbox_settings.database)

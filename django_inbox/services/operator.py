@@ -19,9 +19,10 @@ from django.db import connections, transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from . import history, observe
-from .conf import inbox_settings
-from .models import InboxMessage
+from .. import events, history
+from ..conf import inbox_settings
+from ..db import statements
+from ..models import InboxMessage
 
 Status = InboxMessage.Status
 
@@ -91,6 +92,23 @@ def select(
     if until is not None:
         rows = rows.filter(updated_at__lt=until)
     return rows
+
+
+def find(
+    *,
+    message_ids: list[str] | None = None,
+    pks: list[int] | None = None,
+    consumer: str | None = None,
+) -> list[InboxMessage]:
+    """Rows with any of ``message_ids`` or ``pks`` (in ``consumer``, if given), by consumer
+    and id: what ``inbox_show`` prints."""
+    base = InboxMessage.objects.using(inbox_settings.database).for_consumer(consumer)
+    rows = base.none()
+    if message_ids:
+        rows = rows | base.filter(message_id__in=message_ids)
+    if pks:
+        rows = rows | base.filter(pk__in=pks)
+    return list(rows.order_by("consumer", "pk"))
 
 
 def count_by_status(rows: QuerySet[InboxMessage]) -> dict[str, int]:
@@ -241,7 +259,13 @@ def _act(
                     via=via,
                 )
                 if in_sql:
-                    _update_in_sql(accepted, change(now), entry, now, using)
+                    statements.update_appending_history(
+                        [row.pk for row in accepted],
+                        sorted({row.status for row in accepted}),
+                        {**change(now), "updated_at": now},
+                        entry,
+                        using,
+                    )
                 else:
                     changes = change(now)
                     accepted = [r for r in accepted if _update_row(r, changes, entry, now)]
@@ -265,47 +289,7 @@ def _update_row(
     )
 
 
-def _update_in_sql(
-    rows: list[InboxMessage],
-    changes: dict[str, Any],
-    entry: dict[str, Any],
-    now: datetime,
-    using: str,
-) -> None:
-    """PostgreSQL: change locked rows with one statement, the entry appended in SQL.
-
-    ``from`` and ``attempts`` of each entry are the row's values before the update (in an
-    ``UPDATE``, column references in ``SET`` read the old row).
-    """
-    connection = connections[using]
-    quote = connection.ops.quote_name
-    sets: list[str] = []
-    params: list[Any] = []
-    for column, value in {**changes, "updated_at": now}.items():
-        sets.append(f"{quote(column)} = %s")
-        params.append(value)
-    pairs: list[str] = []
-    for key, value in entry.items():
-        if key in ("from", "attempts"):
-            continue
-        pairs.append("%s, %s::text")
-        params += [key, value]
-    pairs.append(f"'from', {quote('status')}, 'attempts', {quote('attempts')}")
-    history_sql = (
-        f"{quote('history')} = {quote('history')} || "
-        f"jsonb_build_array(jsonb_build_object({', '.join(pairs)}))"
-    )
-    sql = (
-        f"UPDATE {quote(InboxMessage._meta.db_table)} SET {', '.join(sets)}, {history_sql} "
-        f"WHERE {quote('id')} = ANY(%s) AND {quote('status')} = ANY(%s)"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql, [*params, [row.pk for row in rows], sorted({row.status for row in rows})]
-        )
-
-
-#: The observe event each action reports per row (retry now changes no status: no event).
+#: The event each action reports per row (retry now changes no status: no event).
 _EVENTS = {"replay": "replayed", "park": "parked"}
 
 
@@ -316,7 +300,7 @@ def _report(
     if kind is None:
         return
     for row in rows:
-        observe.event(
+        events.event(
             kind,
             consumer=row.consumer,
             message_id=row.message_id,

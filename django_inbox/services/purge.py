@@ -22,8 +22,9 @@ from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .conf import inbox_settings
-from .models import InboxMessage
+from ..conf import inbox_settings
+from ..db import statements
+from ..models import InboxMessage
 
 Status = InboxMessage.Status
 
@@ -184,28 +185,9 @@ def _delete_batch(rows: Any, status: str, limit: int) -> list[int]:
     """Delete the first ``limit`` rows of ``rows`` by pk, skipping locked ones; return their pks."""
     using = inbox_settings.database
     connection = connections[using]
-    quote = connection.ops.quote_name
-    table = quote(InboxMessage._meta.db_table)
-    pk = quote("id")
     with transaction.atomic(using=using):
         inner = rows.order_by("pk").values("pk")[:limit]
         if connection.features.has_select_for_update_skip_locked:
             inner = inner.select_for_update(skip_locked=True)
         sql, params = inner.query.get_compiler(using).as_sql()
-        if connection.vendor == "postgresql":
-            # ``= ANY(ARRAY(…))`` runs the locking subquery once, as an InitPlan. Under
-            # ``IN (…)`` PostgreSQL may plan a nested-loop semi-join that rescans the subquery
-            # for every outer row; each rescan skips the rows this statement already deleted
-            # and its LIMIT takes the next ones, so one "batch" deletes every expired row in
-            # one long transaction.
-            selected = f"{pk} = ANY(ARRAY({sql}))"
-        else:
-            selected = f"{pk} IN ({sql})"
-        # The outer status test re-checks each row as it is deleted: a row replayed between
-        # the two (possible where SKIP LOCKED is not available) is kept.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {table} WHERE {selected} AND {quote('status')} = %s RETURNING {pk}",
-                [*params, status],
-            )
-            return [int(found[0]) for found in cursor.fetchall()]
+        return statements.delete_selected(sql, list(params), status, using)

@@ -13,9 +13,8 @@ unless a receiver is connected.
 from __future__ import annotations
 
 import logging
-import traceback
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from . import signals
 
@@ -34,6 +33,29 @@ LEVELS = {
     "reclaimed": logging.WARNING,
     "dead": logging.ERROR,
 }
+
+
+class About(TypedDict):
+    """The fields of :func:`event` that name a stored row."""
+
+    consumer: str
+    message_id: str
+    event_type: str
+    pk: int | None
+    attempt: int
+    using: str | None
+
+
+def about(row: InboxMessage, using: str | None) -> About:
+    """What :func:`event` says of ``row``: its ids and the attempt it is on."""
+    return {
+        "consumer": row.consumer,
+        "message_id": row.message_id,
+        "event_type": row.event_type,
+        "pk": row.pk,
+        "attempt": row.attempts,
+        "using": using,
+    }
 
 
 def event(
@@ -94,23 +116,3 @@ def event(
             using=using,
             **extra,
         )
-
-
-def exception_text(exc: BaseException) -> str:
-    """An exception for a log line: its type and the frames it went through, never its
-    message (nor a chained exception's), which may quote a payload or header value.
-
-    Handler exceptions are kept whole in the row's ``history`` (see the admin); a log line
-    only says what was raised and where.
-    """
-    kind = type(exc)
-    name = (
-        kind.__qualname__
-        if kind.__module__ == "builtins"
-        else f"{kind.__module__}.{kind.__qualname__}"
-    )
-    text = f"{name} (its message is not logged: it may quote the payload)"
-    frames = traceback.format_list(traceback.extract_tb(exc.__traceback__))
-    if frames:
-        text += "\nTraceback (most recent call last):\n" + "".join(frames).rstrip("\n")
-    return text

@@ -1,7 +1,7 @@
 """What becomes of one broker message: delivered, stored, kept dead, or refused at the broker.
 
 :class:`Intake` turns a kombu message into a :class:`Decision` for the connection loop
-(:mod:`~django_inbox.consumer.loop`), which acknowledges only after the decision's work has
+(:mod:`~django_inbox.broker.connection`), which acknowledges only after the decision's work has
 committed. Database errors are raised to the loop; everything else ends in a decision:
 
 - a message without an id is refused (an id invented here would defeat deduplication);
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..delivery import deliver, prepare, store, store_dead
+from ..delivery import deliver
 from ..exceptions import InvalidMessage, InvalidMessageId, UnknownEventType
-from ..observe import exception_text
 from ..registry import registry
-from ..storage import NewRow
-from ..text import storable
+from ..rows import NewRow, prepare
+from ..storing import store, store_dead
+from ..text import exception_text, storable
 from .envelope import Envelope, identity, raw_body
 
 logger = logging.getLogger("django_inbox")

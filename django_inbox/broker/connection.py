@@ -22,13 +22,13 @@ from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
+from ..attempts import give_back_interrupted
 from ..conf import inbox_settings
 from ..db.connection import Backoff, Outage, connection_lost, describe, keep_connection
 from ..delivery import deliver_batch
-from ..observe import exception_text
-from ..processing import give_back_interrupted
+from ..rows import NewRow
 from ..shutdown import Shutdown
-from ..storage import NewRow
+from ..text import exception_text
 from ..worker import Worker
 from .envelope import Envelope
 from .intake import AckMode, Action, Decision, Intake
@@ -95,7 +95,7 @@ class BrokerConsumer:
             lost broker is always waited for.
         shutdown: stop requests (signals).
         envelope: reads a kombu message into an :class:`Envelope` (``INBOX_ENVELOPE``;
-            :func:`~django_inbox.consumer.envelope.parse` by default).
+            :func:`~django_inbox.broker.envelope.parse` by default).
         on_message_done: called with ``(message_id, outcome, seconds)`` after each message
             is acknowledged or refused (``inbox_consume -v 2`` prints it).
     """

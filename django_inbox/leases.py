@@ -1,0 +1,158 @@
+"""Leases: how a claimed row is held, and every state change fenced on the lease.
+
+A claim gives its rows a lease: a ``lease_id`` and an expiry (``locked_until``; for an
+``in_progress`` row ``next_attempt_at`` holds the same time, so that the one polled index finds
+new, due and abandoned rows alike). Every later change of a claimed row goes through
+:func:`fenced`: ``UPDATE … WHERE id = … AND lease_id = <ours> AND status = 'in_progress'``. A
+worker whose lease was taken over (it hung past the expiry, or was reclaimed) matches nothing,
+so it can neither complete nor fail nor release a row that has moved on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Case, F, QuerySet, Value, When
+from django.utils import timezone
+
+from . import history
+from .db import statements
+from .models import InboxMessage
+
+Status = InboxMessage.Status
+
+#: Marks the lease of a batch whose handlers run in one transaction (``commit_every``).
+SHARED_TRANSACTION = "b:"
+
+
+def new_lease_id(*, shared: bool = False) -> str:
+    return (SHARED_TRANSACTION if shared else "") + uuid.uuid4().hex
+
+
+def is_shared(lease_id: str) -> bool:
+    return lease_id.startswith(SHARED_TRANSACTION)
+
+
+def solo(lease_id: str) -> str:
+    """The lease for running the same rows one transaction each."""
+    return lease_id.removeprefix(SHARED_TRANSACTION)
+
+
+def fenced(row: InboxMessage, using: str) -> QuerySet[InboxMessage]:
+    """``row`` for as long as its lease holds it: the fence every change of a claimed row uses."""
+    return InboxMessage.objects.using(using).filter(
+        pk=row.pk, lease_id=row.lease_id, status=Status.IN_PROGRESS
+    )
+
+
+def _cleared(now: datetime) -> dict[str, Any]:
+    """What leaving ``in_progress`` clears: the lease and its expiry."""
+    return {"locked_until": None, "lease_id": "", "updated_at": now}
+
+
+def _given_back(row: InboxMessage, now: datetime) -> dict[str, Any]:
+    """A row back to due now with the attempt its claim counted taken back."""
+    return {
+        **_cleared(now),
+        "status": Status.RECEIVED if row.attempts <= 1 else Status.FAILED,
+        "attempts": F("attempts") - 1,
+        "next_attempt_at": now,
+    }
+
+
+def complete(row: InboxMessage, now: datetime, using: str) -> bool:
+    """``completed``, in the caller's transaction (with the handler's writes)."""
+    return statements.complete(row.pk, row.lease_id, now, using)
+
+
+def complete_all(rows: list[InboxMessage], using: str) -> int:
+    """Complete claimed rows of one lease with one ``UPDATE``; return how many it held."""
+    now = timezone.now()
+    return (
+        InboxMessage.objects.using(using)
+        .filter(pk__in=[row.pk for row in rows], lease_id=rows[0].lease_id)
+        .filter(status=Status.IN_PROGRESS)
+        .update(
+            **_cleared(now),
+            status=Status.COMPLETED,
+            processed_at=now,
+            next_attempt_at=None,
+            last_error="",
+        )
+    )
+
+
+def fail(
+    row: InboxMessage,
+    status: str,
+    entry: dict[str, Any],
+    next_attempt_at: datetime | None,
+    now: datetime,
+    using: str,
+) -> bool:
+    """A failed attempt: ``status`` (failed, dead or parked) with ``entry`` in the history."""
+    return bool(
+        fenced(row, using).update(
+            **_cleared(now),
+            status=status,
+            last_error=history.summary(entry),
+            history=history.append(row.history, entry),
+            next_attempt_at=next_attempt_at,
+        )
+    )
+
+
+def release(row: InboxMessage, now: datetime, using: str) -> int:
+    """Give back a claimed row that never started: due now, its attempt uncounted."""
+    return fenced(row, using).update(**_given_back(row, now))
+
+
+def release_interrupted(row: InboxMessage, entry: dict[str, Any], using: str) -> int:
+    """Give back the row whose attempt a lost connection cut short, ``entry`` saying so."""
+    now = timezone.now()
+    return fenced(row, using).update(
+        **_given_back(row, now), history=history.append(row.history, entry)
+    )
+
+
+def release_lease(lease_id: str, now: datetime, using: str) -> int:
+    """Give back every row a claim committed under ``lease_id`` (its reply was lost)."""
+    return (
+        InboxMessage.objects.using(using)
+        .filter(lease_id=lease_id, status=Status.IN_PROGRESS)
+        .update(
+            **_cleared(now),
+            status=Case(
+                When(attempts__lte=1, then=Value(Status.RECEIVED)), default=Value(Status.FAILED)
+            ),
+            attempts=F("attempts") - 1,
+            next_attempt_at=now,
+        )
+    )
+
+
+def uncount(row: InboxMessage, using: str) -> None:
+    """Take back the attempt a dead worker's claim counted, the row staying claimed."""
+    InboxMessage.objects.using(using).filter(pk=row.pk).update(attempts=F("attempts") - 1)
+
+
+def abandoned(
+    row: InboxMessage,
+    entry: dict[str, Any],
+    status: str,
+    retry_at: datetime | None,
+    now: datetime,
+    using: str,
+) -> bool:
+    """Record that the worker holding ``row`` died: ``status`` ``in_progress`` keeps the lease
+    for the claim taking it over; ``failed`` or ``dead`` clear it."""
+    changes: dict[str, Any] = {
+        "history": history.append(row.history, entry),
+        "last_error": history.summary(entry),
+        "updated_at": now,
+    }
+    if status != Status.IN_PROGRESS:
+        changes.update(_cleared(now), status=status, next_attempt_at=retry_at)
+    return bool(fenced(row, using).update(**changes))

@@ -1,0 +1,109 @@
+"""A message on its way into the table: validated into a :class:`NewRow`, inserted, and shown
+to its handler as an :class:`~django_inbox.models.InboxMessage` without reading it back."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from . import events
+from .conf import inbox_settings
+from .db import statements
+from .db.statements import NewRow
+from .exceptions import InvalidPayload
+from .models import InboxMessage
+from .text import storable_json
+from .validation import CONSUMER_MAX, clean_message_id, clean_text, encode_json
+
+__all__ = ["NewRow", "fresh", "insert", "insert_completed", "materialise", "prepare"]
+
+
+def prepare(
+    *,
+    consumer: str,
+    message_id: object,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None = None,
+    source: str | None = "",
+    key: str | None = "",
+) -> NewRow:
+    """Validate every argument into a :class:`NewRow`; raise an
+    :class:`~django_inbox.InvalidMessage` subclass for bad input."""
+    if headers is not None and not isinstance(headers, Mapping):
+        raise InvalidPayload(f"headers must be a mapping, got {type(headers).__name__}")
+    max_bytes = inbox_settings.max_payload_bytes
+    return NewRow(
+        consumer=clean_text("consumer", consumer, required=True, max_length=CONSUMER_MAX),
+        message_id=clean_message_id(message_id),
+        event_type=clean_text("event_type", event_type, required=True),
+        source=clean_text("source", source, required=False),
+        key=clean_text("key", key, required=False),
+        payload=encode_json("payload", payload, max_bytes=max_bytes),
+        # Headers are what a broker or sender added: their text is made storable, not refused.
+        headers=encode_json("headers", storable_json(dict(headers or {})), max_bytes=max_bytes),
+    )
+
+
+def fresh(row: NewRow) -> NewRow:
+    """The message as it arrived, without any state a delivery attempt put on it."""
+    return NewRow(
+        consumer=row.consumer,
+        message_id=row.message_id,
+        event_type=row.event_type,
+        payload=row.payload,
+        headers=row.headers,
+        source=row.source,
+        key=row.key,
+    )
+
+
+def insert(row: NewRow, now: datetime, using: str) -> int | None:
+    """Insert ``row``; return its new id, or ``None`` if ``(consumer, message_id)`` exists."""
+    pk = statements.insert(row, now, using)
+    if pk is not None:
+        _received(row, pk, using)
+    return pk
+
+
+def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tuple[str, str], int]:
+    """Insert messages as ``completed`` (attempt 1) in one statement; return the new ids."""
+    new = statements.insert_completed(rows, now, using)
+    by_key = {(row.consumer, row.message_id): row for row in rows}
+    for key, pk in new.items():
+        _received(by_key[key], pk, using)
+    return new
+
+
+def _received(row: NewRow, pk: int, using: str) -> None:
+    events.event(
+        "received",
+        consumer=row.consumer,
+        message_id=row.message_id,
+        event_type=row.event_type,
+        pk=pk,
+        using=using,
+    )
+
+
+def materialise(row: NewRow, pk: int, using: str | None = None) -> InboxMessage:
+    """The row as the handler sees it, built without a query (as a query would build it)."""
+    values = {
+        **vars(row),
+        "id": pk,
+        "payload": json.loads(row.payload),
+        "headers": json.loads(row.headers),
+        "history": json.loads(row.history),
+        "received_at": row.processed_at,
+        "updated_at": row.processed_at,
+    }
+    names = _field_names()
+    return InboxMessage.from_db(using, names, [values[name] for name in names])
+
+
+@functools.cache
+def _field_names() -> list[str]:
+    return [field.attname for field in InboxMessage._meta.concrete_fields]

@@ -1,0 +1,88 @@
+"""The inbox's operations, in one place: what management commands, Celery tasks and the admin
+call, and what your own code may call. Each function works on the inbox database
+(``INBOX_DATABASE``) and is safe to run from several processes at once: rows are claimed or
+locked with ``SKIP LOCKED`` and changed with conditional updates, so two runs never process,
+reclaim, replay or delete a row twice.
+
+- :mod:`~django_inbox.services.process`: ``process_due()``, the worker and the broker consumer;
+- :mod:`~django_inbox.services.reclaim`: rows whose worker died;
+- :mod:`~django_inbox.services.purge`: deleting rows past their retention;
+- :mod:`~django_inbox.services.operator`: selecting, replaying, parking, retrying, showing;
+- :mod:`~django_inbox.services.stats`: counts, problems, known consumers.
+"""
+
+from __future__ import annotations
+
+from .operator import (
+    PARKABLE,
+    REPLAYABLE,
+    RETRYABLE,
+    ActionResult,
+    command_actor,
+    count_by_status,
+    find,
+    park,
+    replay,
+    retry_now,
+    select,
+)
+from .process import (
+    AckMode,
+    BrokerConsumer,
+    BrokerMisconfigured,
+    BrokerUnreachable,
+    ConsumeStats,
+    Worker,
+    WorkerStats,
+    give_back_interrupted,
+    process_due,
+)
+from .purge import PURGEABLE, PurgeProgress, PurgeResult, expired, purge
+from .reclaim import ReclaimResult, reclaim, reclaimable
+from .stats import (
+    PROBLEM_KINDS,
+    STATUSES,
+    ConsumerStats,
+    InboxStats,
+    Problem,
+    collect,
+    known_consumers,
+)
+
+__all__ = [
+    "PARKABLE",
+    "PROBLEM_KINDS",
+    "PURGEABLE",
+    "REPLAYABLE",
+    "RETRYABLE",
+    "STATUSES",
+    "AckMode",
+    "ActionResult",
+    "BrokerConsumer",
+    "BrokerMisconfigured",
+    "BrokerUnreachable",
+    "ConsumeStats",
+    "ConsumerStats",
+    "InboxStats",
+    "Problem",
+    "PurgeProgress",
+    "PurgeResult",
+    "ReclaimResult",
+    "Worker",
+    "WorkerStats",
+    "collect",
+    "command_actor",
+    "count_by_status",
+    "expired",
+    "find",
+    "give_back_interrupted",
+    "known_consumers",
+    "park",
+    "process_due",
+    "purge",
+    "reclaim",
+    "reclaimable",
+    "replay",
+    "retry_now",
+    "select",
+]
