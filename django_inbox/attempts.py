@@ -114,17 +114,7 @@ def _committed(exc: Exception, pks: list[int], using: str) -> bool:
 
 
 def processed(message: InboxMessage, duration: float | None, using: str) -> None:
-    events.event(
-        "processed",
-        consumer=message.consumer,
-        message_id=message.message_id,
-        event_type=message.event_type,
-        pk=message.pk,
-        attempt=message.attempts,
-        duration=duration,
-        message=message,
-        using=using,
-    )
+    events.event("processed", **events.about(message, using), duration=duration, message=message)
 
 
 def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> list[Outcome]:
@@ -225,14 +215,9 @@ def failure(
     the ``message_failed`` / ``message_dead`` / ``message_parked`` signal."""
     events.event(
         status,
-        consumer=message.consumer,
-        message_id=message.message_id,
-        event_type=message.event_type,
-        pk=message.pk,
-        attempt=entry["attempt"],
+        **events.about(message, using, attempt=entry["attempt"]),
         duration=duration,
         message=message,
-        using=using,
         error_type=entry["type"],
         retry_at=next_attempt_at,
     )

@@ -223,13 +223,7 @@ def _deliver_existing(row: NewRow, using: str, *, again: bool = True) -> Outcome
     """The message's row exists: report it, or process it if it is due and free."""
     status = statements.current_status(row.consumer, row.message_id, using)
     if status == Status.COMPLETED:
-        events.event(
-            "duplicate",
-            consumer=row.consumer,
-            message_id=row.message_id,
-            event_type=row.event_type,
-            using=using,
-        )
+        events.event("duplicate", **events.about(row, using, attempt=0))
         return Outcome.DUPLICATE
     if status in (Status.RECEIVED, Status.FAILED, Status.IN_PROGRESS):
         claimed = claim_batch(row.consumer, 1, using=using, message_id=row.message_id)

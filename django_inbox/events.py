@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from . import signals
 
@@ -46,14 +46,24 @@ class About(TypedDict):
     using: str | None
 
 
-def about(row: InboxMessage, using: str | None) -> About:
-    """What :func:`event` says of ``row``: its ids and the attempt it is on."""
+class _Row(Protocol):
+    consumer: str
+    message_id: str
+    event_type: str
+    attempts: int
+
+
+def about(
+    row: _Row, using: str | None, *, pk: int | None = None, attempt: int | None = None
+) -> About:
+    """What :func:`event` says of ``row`` (a stored row or a new one): its ids and the attempt
+    it is on; ``pk`` and ``attempt`` default to the row's own."""
     return {
         "consumer": row.consumer,
         "message_id": row.message_id,
         "event_type": row.event_type,
-        "pk": row.pk,
-        "attempt": row.attempts,
+        "pk": pk if pk is not None else getattr(row, "pk", None),
+        "attempt": row.attempts if attempt is None else attempt,
         "using": using,
     }
 

@@ -79,14 +79,7 @@ def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tupl
 
 
 def _received(row: NewRow, pk: int, using: str) -> None:
-    events.event(
-        "received",
-        consumer=row.consumer,
-        message_id=row.message_id,
-        event_type=row.event_type,
-        pk=pk,
-        using=using,
-    )
+    events.event("received", **events.about(row, using, pk=pk, attempt=0))
 
 
 def materialise(row: NewRow, pk: int, using: str | None = None) -> InboxMessage:

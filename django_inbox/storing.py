@@ -128,13 +128,6 @@ def _insert_dead(row: NewRow, reason: str, error_type: str, using: str) -> bool:
     if pk is None:
         return False
     events.event(
-        "dead",
-        consumer=row.consumer,
-        message_id=row.message_id,
-        event_type=row.event_type,
-        pk=pk,
-        using=using,
-        error_type=error_type,
-        detail="stored dead",
+        "dead", **events.about(row, using, pk=pk), error_type=error_type, detail="stored dead"
     )
     return True

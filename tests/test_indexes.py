@@ -10,6 +10,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from django_inbox.db import statements
 from django_inbox.models import InboxMessage
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
@@ -38,15 +39,36 @@ def test_dedup_lookup_uses_the_unique_constraint() -> None:
     assert "django_inbox_unique_consumer_message" in text, text
 
 
-def test_fresh_claim_subquery_is_an_ordered_scan_of_the_partial_index() -> None:
+def generic_plan(sql: str, params: list[object]) -> str:
+    """The plan of ``sql`` as a prepared statement under a generic plan (the plan PostgreSQL
+    caches for a statement prepared server-side, whatever its parameters)."""
+    numbered, count = sql, 0
+    while "%s" in numbered:
+        count += 1
+        numbered = numbered.replace("%s", f"${count}", 1)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute(
-            "EXPLAIN SELECT id FROM django_inbox_inboxmessage WHERE consumer = %s "
-            "AND status IN (%s, %s) AND next_attempt_at <= now() "
-            "ORDER BY next_attempt_at, id LIMIT 100 FOR UPDATE SKIP LOCKED",
-            ["inventory", "received", "failed"],
-        )
-        text = "\n".join(line for (line,) in cursor.fetchall())
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE inbox_probe AS {numbered}")
+        try:
+            cursor.execute(f"EXPLAIN EXECUTE inbox_probe({', '.join(['%s'] * count)})", params)
+            return "\n".join(line for (line,) in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE inbox_probe")
+
+
+def test_the_workers_claim_statement_reads_the_partial_index_even_under_a_generic_plan() -> None:
+    # The very statement the worker sends (db/statements), with its parameters. Its statuses
+    # are literals: as parameters, a generic plan could not use the partial index at all.
+    now = timezone.now()
+    text = generic_plan(
+        statements.claim_fresh_sql("default"),
+        ["lease", now, now, now, "inventory", now, 100],
+    )
     assert "django_inbox_polled_idx" in text, text
     assert "Sort" not in text, text
+
+
+def test_a_duplicates_status_lookup_reads_the_unique_index() -> None:
+    text = generic_plan(statements.current_status_sql("default"), ["inventory", "evt-1"])
+    assert "django_inbox_unique_consumer_message" in text, text

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
+from django.http import HttpRequest
 from django.utils.functional import cached_property
 
 from ..services.stats import estimated_rows
@@ -40,3 +42,22 @@ class CappedCountPaginator(Paginator):  # type: ignore[type-arg]
         if count > COUNT_CAP:
             self.is_estimate = self.is_capped = True
         return int(count)
+
+
+class InboxChangeList(ChangeList):
+    """Remembers whether the paginator's count is an estimate, for the pagination line, and
+    sorts only by the columns in ``sortable_by``."""
+
+    def get_ordering_field(self, field_name: Any) -> Any:
+        # Django hides the sort links of columns not in sortable_by but still obeys ?o=N, which
+        # would sort the whole table by an unindexed column.
+        if self.sortable_by is not None and field_name not in self.sortable_by:
+            return None
+        return super().get_ordering_field(field_name)
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.count_is_estimate = getattr(self.paginator, "is_estimate", False)
+        # More rows than were counted: the line says "more than COUNT_CAP", not "~count".
+        self.count_is_capped = getattr(self.paginator, "is_capped", False)
+        self.count_cap = COUNT_CAP

@@ -6,11 +6,14 @@ import json
 from datetime import datetime
 from typing import Any
 
+from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from ..models import InboxMessage
+from ..services import PROBLEM_KINDS, STATUSES, collect
 
 #: Symbol shown before each status, so the status reads without colour too.
 STATUS_SYMBOLS = {
@@ -155,3 +158,45 @@ def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
     return format_html(
         '<ol class="inbox-timeline">{}</ol>', format_html_join("", "{}", ((i,) for i in items))
     )
+
+
+#: The summary estimates completed rows instead of counting them (a scan of the table) above
+#: this many rows: a page view must not read the table (``inbox_stats`` counts up to
+#: :data:`django_inbox.services.stats.ESTIMATE_ABOVE`).
+SUMMARY_ESTIMATE_ABOVE = 100_000
+
+
+def summary() -> dict[str, Any]:
+    """Counts per consumer and status with links, oldest due age, stuck/dead rows, problems."""
+    stats = collect(ignore=(), estimate_above=SUMMARY_ESTIMATE_ABOVE)
+    base = reverse("admin:django_inbox_inboxmessage_changelist")
+    rows = []
+    for name, consumer in sorted(stats.consumers.items()):
+        cells = []
+        for status in STATUSES:
+            count = consumer.counts[status]
+            cells.append(
+                {
+                    "status": status,
+                    "count": count,
+                    "url": f"{base}?{urlencode({'consumer': name, 'status__exact': status})}",
+                }
+            )
+        rows.append(
+            {
+                "consumer": name,
+                "url": f"{base}?{urlencode({'consumer': name})}",
+                "cells": cells,
+                "stuck": consumer.stuck,
+                "oldest_pending_age": consumer.oldest_pending_age,
+            }
+        )
+    return {
+        "statuses": [(status, InboxMessage.Status(status).label) for status in STATUSES],
+        "rows": rows,
+        "problems": stats.problems,
+        "problem_kinds": PROBLEM_KINDS,
+        "completed_estimated": stats.completed_estimated,
+        "max_pending_age": stats.max_pending_age,
+        "at": stats.at,
+    }

@@ -9,32 +9,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from amqp.exceptions import AccessRefused, NotAllowed, NotFound, PreconditionFailed
-from django.db import DatabaseError
 from django.utils.module_loading import import_string
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
-from ..attempts import give_back_interrupted
 from ..conf import inbox_settings
-from ..db.connection import Backoff, Outage, connection_lost, describe, keep_connection
-from ..delivery import deliver_batch
-from ..rows import NewRow
+from ..db.connection import Backoff
 from ..shutdown import Shutdown
 from ..text import exception_text
 from ..worker import Worker
+from .acking import Acker, ConsumeStats
 from .envelope import Envelope
-from .intake import AckMode, Action, Decision, Intake
+from .intake import AckMode, Intake
 
 __all__ = ["AckMode", "BrokerConsumer", "BrokerMisconfigured", "BrokerUnreachable", "ConsumeStats"]
-T = TypeVar("T")
 
 logger = logging.getLogger("django_inbox")
 
@@ -49,26 +42,6 @@ class BrokerMisconfigured(Exception):
 
 class BrokerUnreachable(Exception):
     """The broker was never reached within ``wait_for_broker`` seconds."""
-
-
-@dataclass
-class ConsumeStats:
-    """What a consumer did: outcomes of delivered messages and what it did at the broker."""
-
-    outcomes: Counter[str] = field(default_factory=Counter)
-    acked: int = 0
-    refused: int = 0
-    requeued: int = 0
-    reconnects: int = 0
-    #: Times the database connection was lost (the consumer waited and reconnected).
-    database_outages: int = 0
-    #: Consecutive failures of the inbox's own statements with the connection intact (a lock
-    #: or statement timeout): each requeues the message after a growing pause.
-    database_errors: int = 0
-
-    @property
-    def received(self) -> int:
-        return self.acked + self.refused
 
 
 class BrokerConsumer:
@@ -144,7 +117,7 @@ class BrokerConsumer:
         self.shutdown = shutdown or Shutdown()
         self.on_message_done = on_message_done
         self.using = inbox_settings.database
-        self.intake = Intake(
+        intake = Intake(
             consumer=consumer,
             queue_name=queue,
             ack_mode=self.ack_mode,
@@ -152,9 +125,14 @@ class BrokerConsumer:
             envelope=envelope or import_string(inbox_settings.envelope),
             raw_limit=inbox_settings.max_payload_bytes // 2,
         )
-        self.stats = ConsumeStats()
-        self.outage = Outage(self.using, f"inbox_consume {consumer}", self.shutdown.wait)
-        self._pending: list[tuple[Any, NewRow, float]] = []
+        self.acker = Acker(
+            intake,
+            using=self.using,
+            commit_every=self.commit_every,
+            shutdown=self.shutdown,
+            on_message_done=on_message_done,
+        )
+        self.stats = self.acker.stats
         self._last_message = time.monotonic()
         self._last_sweep = 0.0
         self._idle_out = False
@@ -181,7 +159,7 @@ class BrokerConsumer:
             ) as exc:
                 # Unacknowledged messages go back to the broker with the channel; nothing of
                 # an open batch was committed, so it is simply dropped and redelivered.
-                self._pending = []
+                self.acker.pending = []
                 waited = time.monotonic() - started
                 if (
                     not self._reached
@@ -227,14 +205,14 @@ class BrokerConsumer:
             while not self._finished():
                 try:
                     # While a batch is open, take only what is already here, then commit it.
-                    connection.drain_events(timeout=0 if self._pending else self.tick)
+                    connection.drain_events(timeout=0 if self.acker.pending else self.tick)
                 except TimeoutError:
-                    if self._pending:
-                        self._flush()
+                    if self.acker.pending:
+                        self.acker.flush()
                     else:
                         connection.heartbeat_check()
                 self._between_messages()
-            self._flush()
+            self.acker.flush()
 
     def _queue(self) -> Queue:
         if self.exchange:
@@ -251,13 +229,13 @@ class BrokerConsumer:
         """No new message may start: a stop was asked for, or ``max_messages`` are taken."""
         if self.shutdown.requested:
             return True
-        taken = self.stats.received + len(self._pending)
+        taken = self.stats.received + len(self.acker.pending)
         return self.max_messages is not None and taken >= self.max_messages
 
     def _finished(self) -> bool:
         if self._stopping():
             return True
-        if self._pending:
+        if self.acker.pending:
             return False
         idle = time.monotonic() - self._last_message
         # At least one tick: "--until-idle 0" means "until nothing is waiting".
@@ -273,7 +251,7 @@ class BrokerConsumer:
         self._last_sweep = now
         sweep = Worker([self.consumer], shutdown=self.shutdown)
         try:
-            handled = self._with_database(sweep.run_once)
+            handled = self.acker.with_database(sweep.run_once)
         except Exception as exc:
             # Not the broker's messages: log it and go on consuming (the type and frames,
             # never the message, which may quote a payload).
@@ -286,115 +264,13 @@ class BrokerConsumer:
         if handled:
             self._last_message = time.monotonic()  # retries are work: not idle
 
-    # -- the database ---------------------------------------------------------------------
-
-    def _with_database(self, work: Callable[[], T]) -> T | None:
-        """Run ``work``; while the database is away, wait with backoff and run it again.
-
-        Returns ``None`` if a stop was requested while waiting. Other errors propagate.
-        """
-        while True:
-            keep_connection(self.using)
-            try:
-                give_back_interrupted(self.using)
-                result = work()
-            except Exception as exc:
-                if not connection_lost(exc, self.using):
-                    raise
-                self.stats.database_outages += 1
-                self.outage.wait(exc)
-                if self.shutdown.requested:
-                    return None
-                continue
-            self.outage.over()
-            return result
-
-    def _database_error(self, exc: DatabaseError) -> None:
-        """A statement of the inbox failed with the connection intact (a lock or statement
-        timeout, a deadlock): the message is requeued, after a pause that grows."""
-        self.stats.database_errors += 1
-        logger.error(
-            "inbox_consume %s: database error (%s); requeueing", self.consumer, describe(exc)
-        )
-        self.shutdown.wait(min(5.0, 0.1 * 2 ** min(self.stats.database_errors, 6)))
-
-    # -- one message ----------------------------------------------------------------------
-
     def _on_message(self, message: Any) -> None:
         if self._stopping():
             # Delivered while the subscription was being cancelled: give it back untouched.
-            self._requeue(message)
+            self.acker.requeue(message)
             return
         self._last_message = time.monotonic()
-        started = time.perf_counter()
-        try:
-            decision = self._with_database(lambda: self.intake.decide(message, self._flush))
-        except DatabaseError as exc:
-            self._database_error(exc)
-            self._requeue(message)
-            return
-        except Exception as exc:
-            # A failure of the inbox itself on this message: keep it dead rather than
-            # requeue it for ever.
-            try:
-                decision = self._with_database(partial(self.intake.unreadable, message, exc))
-            except Exception as again:  # not even that could be stored: try again later
-                logger.error(
-                    "inbox_consume %s: could not keep an unreadable message; requeueing: %s",
-                    self.consumer,
-                    exception_text(again),
-                )
-                self.stats.database_errors += 1
-                self._requeue(message)
-                self.shutdown.wait(min(5.0, 0.1 * 2 ** min(self.stats.database_errors, 6)))
-                return
-        if decision is None:  # stopped while the database was away: nothing committed
-            self._requeue(message)
-            return
-        if decision.action is Action.PENDING:
-            assert decision.row is not None
-            self._pending.append((message, decision.row, started))
-            if len(self._pending) >= self.commit_every:
-                self._flush()
-            return
-        self._settle(message, decision, started)
-
-    def _settle(self, message: Any, decision: Decision, started: float) -> None:
-        """Acknowledge (or refuse) a message whose decision committed."""
-        if decision.action is Action.REFUSE:
-            message.reject(requeue=False)
-            self.stats.refused += 1
-        else:
-            message.ack()
-            self.stats.acked += 1
-            self.stats.database_errors = 0
-        if decision.outcome is not None and decision.outcome != "refused":
-            self.stats.outcomes[decision.outcome] += 1
-        if self.on_message_done is not None:
-            outcome = decision.outcome or decision.action.value
-            self.on_message_done(decision.message_id, outcome, time.perf_counter() - started)
-
-    def _requeue(self, message: Any) -> None:
-        message.requeue()
-        self.stats.requeued += 1
-
-    def _flush(self) -> None:
-        """Deliver the open batch in one transaction, then acknowledge its messages."""
-        if not self._pending:
-            return
-        batch, self._pending = self._pending, []
-        rows = [row for _, row, _ in batch]
-        try:
-            outcomes = self._with_database(lambda: deliver_batch(rows))
-        except DatabaseError as exc:
-            self._database_error(exc)
-            outcomes = None
-        if outcomes is None:
-            for message, _, _ in batch:
-                self._requeue(message)
-            return
-        for (message, row, started), outcome in zip(batch, outcomes, strict=True):
-            self._settle(message, Decision(Action.ACK, outcome.value, row.message_id), started)
+        self.acker.take(message)
 
 
 def _release(connection: Connection) -> None:

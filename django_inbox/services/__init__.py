@@ -7,25 +7,14 @@ reclaim, replay or delete a row twice.
 - :mod:`~django_inbox.services.process`: ``process_due()``, the worker and the broker consumer;
 - :mod:`~django_inbox.services.reclaim`: rows whose worker died;
 - :mod:`~django_inbox.services.purge`: deleting rows past their retention;
-- :mod:`~django_inbox.services.operator`: selecting, replaying, parking, retrying, showing;
+- :mod:`~django_inbox.services.selection`: finding and counting rows for an operator;
+- :mod:`~django_inbox.services.operator`: replaying, parking, retrying now;
 - :mod:`~django_inbox.services.stats`: counts, problems, known consumers.
 """
 
 from __future__ import annotations
 
-from .operator import (
-    PARKABLE,
-    REPLAYABLE,
-    RETRYABLE,
-    ActionResult,
-    command_actor,
-    count_by_status,
-    find,
-    park,
-    replay,
-    retry_now,
-    select,
-)
+from .operator import PARKABLE, REPLAYABLE, RETRYABLE, ActionResult, park, replay, retry_now
 from .process import (
     AckMode,
     BrokerConsumer,
@@ -39,6 +28,7 @@ from .process import (
 )
 from .purge import PURGEABLE, PurgeProgress, PurgeResult, expired, purge
 from .reclaim import ReclaimResult, reclaim, reclaimable
+from .selection import command_actor, count_by_status, find, select
 from .stats import (
     PROBLEM_KINDS,
     STATUSES,

@@ -1,0 +1,233 @@
+"""The admin's actions: replay, force re-run, park and retry now, each behind its own
+permission, confirmed on a page of its own (with a reason), reported with counts, and audited
+with one ``LogEntry`` per changed row. They call :mod:`django_inbox.services`, as
+``inbox_replay`` does.
+
+A user without an action's permission neither sees it nor can run it with a forged POST:
+Django drops the actions the user may not run before dispatching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils.text import Truncator
+
+from .. import services
+from ..models import InboxMessage
+from ..services import ActionResult, count_by_status
+
+Status = InboxMessage.Status
+PERMISSION_PREFIX = "django_inbox."
+
+
+@dataclass(frozen=True)
+class Action:
+    """One admin action: what it calls, from which statuses, and what its pages say."""
+
+    permission: str
+    description: str
+    title: str
+    button: str
+    verb: str
+    explain: str
+    #: The statuses it changes rows from.
+    start: tuple[str, ...]
+    run: Callable[..., ActionResult]
+    options: dict[str, Any] = field(default_factory=dict)
+    reason_required: bool = False
+    #: Rows in other statuses are counted as refused without being passed to ``run``.
+    only_from: bool = False
+
+    def __getitem__(self, name: str) -> Any:  # the confirmation template reads spec.<name>
+        return {"from": self.start}.get(name, getattr(self, name, None))
+
+
+ACTIONS: dict[str, Action] = {
+    "replay_messages": Action(
+        permission="replay",
+        description="Replay dead or parked messages",
+        title="Replay dead or parked messages",
+        button="Replay this message",
+        verb="Replayed",
+        start=services.REPLAYABLE,
+        run=services.replay,
+        explain="They go back to received, due now, with a fresh set of attempts; their "
+        "history is kept. Completed messages are not re-run by this action.",
+    ),
+    "force_rerun_messages": Action(
+        permission="force_replay",
+        description="Re-run completed messages (force)",
+        title="Re-run completed messages",
+        button="Re-run this message",
+        verb="Re-ran",
+        start=(Status.COMPLETED,),
+        run=services.replay,
+        options={"force": True},
+        only_from=True,
+        reason_required=True,
+        explain="Their handlers run again, and the effects they write are applied a second "
+        "time. Only do this to repair data the first run got wrong. A reason is required.",
+    ),
+    "park_messages": Action(
+        permission="park",
+        description="Park messages",
+        title="Park messages",
+        button="Park this message",
+        verb="Parked",
+        start=services.PARKABLE,
+        run=services.park,
+        explain="No worker takes a parked message until it is replayed.",
+    ),
+    "retry_messages_now": Action(
+        permission="retry",
+        description="Retry failed messages now",
+        title="Retry failed messages now",
+        button="Retry this message now",
+        verb="Made due now",
+        start=services.RETRYABLE,
+        run=services.retry_now,
+        explain="The next attempt runs as soon as a worker polls, instead of after its "
+        "backoff. Attempts already made still count.",
+    ),
+}
+
+
+def _admin_action(name: str) -> Any:
+    spec = ACTIONS[name]
+
+    @admin.action(permissions=[spec.permission], description=spec.description)
+    def action(self: Any, request: HttpRequest, queryset: QuerySet[InboxMessage]) -> Any:
+        return self._confirm_and_run(request, queryset, name)
+
+    action.__name__ = name
+    return action
+
+
+if TYPE_CHECKING:
+    _Base = admin.ModelAdmin[InboxMessage]
+else:  # ModelAdmin is generic only in the type stubs
+    _Base = object
+
+
+class ActionsMixin(_Base):
+    """The actions of :class:`~django_inbox.admin.InboxMessageAdmin` and their permissions."""
+
+    actions = list(ACTIONS)
+    replay_messages = _admin_action("replay_messages")
+    force_rerun_messages = _admin_action("force_rerun_messages")
+    park_messages = _admin_action("park_messages")
+    retry_messages_now = _admin_action("retry_messages_now")
+
+    def _has(self, request: HttpRequest, codename: str) -> bool:
+        return bool(request.user.has_perm(PERMISSION_PREFIX + codename))
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "replay_inboxmessage")
+
+    def has_force_replay_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "force_replay_inboxmessage")
+
+    def has_park_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "park_inboxmessage")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "retry_inboxmessage")
+
+    def _confirm_and_run(
+        self, request: HttpRequest, selected: QuerySet[InboxMessage], name: str
+    ) -> TemplateResponse | None:
+        spec = ACTIONS[name]
+        queryset, refused_elsewhere = selected, None
+        if spec.only_from:
+            queryset = selected.filter(status__in=spec.start)
+            refused_elsewhere = selected.exclude(status__in=spec.start)
+        reason = request.POST.get("reason", "").strip()
+        error = ""
+        if request.POST.get("confirm") == "yes":
+            if spec.reason_required and not reason:
+                error = "Say why: a reason is required for this action."
+            else:
+                # Counted before the run: afterwards the re-run rows are no longer completed.
+                elsewhere = (
+                    count_by_status(refused_elsewhere) if refused_elsewhere is not None else {}
+                )
+                result = spec.run(
+                    queryset,
+                    actor=actor_of(request),
+                    reason=reason,
+                    via="admin",
+                    keep=None,
+                    **spec.options,
+                )
+                for status, count in elsewhere.items():
+                    result.refused[f"{status} (not completed)"] += count
+                self._audit(request, result, spec, reason)
+                self._report(request, result, spec)
+                return None
+        counts = count_by_status(selected)
+        eligible = sum(n for status, n in counts.items() if status in spec.start)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": spec.title,
+            "opts": self.model._meta,
+            "action_name": name,
+            "spec": spec,
+            "counts": sorted(counts.items()),
+            "eligible": eligible,
+            "ineligible": sum(counts.values()) - eligible,
+            "from_statuses": ", ".join(str(s) for s in spec.start),
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "reason": reason,
+            "error": error,
+            "media": self.media,
+        }
+        return TemplateResponse(
+            request, "admin/django_inbox/inboxmessage/action_confirmation.html", context
+        )
+
+    def _audit(self, request: HttpRequest, result: ActionResult, spec: Action, reason: str) -> None:
+        """One ``LogEntry`` per changed row: who, what, from which status, why."""
+        content_type = ContentType.objects.get_for_model(InboxMessage, for_concrete_model=False)
+        entries = [
+            LogEntry(
+                user_id=int(request.user.pk or 0),
+                content_type_id=content_type.pk,
+                object_id=str(pk),
+                object_repr=Truncator(f"{consumer}:{message_id}").chars(200),
+                action_flag=CHANGE,
+                change_message=f"{spec.verb} (was {status})"
+                + (f". Reason: {reason}" if reason else ""),
+            )
+            for pk, consumer, message_id, status in result.rows
+        ]
+        LogEntry.objects.bulk_create(entries, batch_size=1000)
+
+    def _report(self, request: HttpRequest, result: ActionResult, spec: Action) -> None:
+        counts = ", ".join(f"{n:,} {status}" for status, n in sorted(result.changed.items()))
+        if result.total:
+            self.message_user(
+                request,
+                f"{spec.verb} {result.total:,} message(s) ({counts}).",
+                messages.SUCCESS,
+            )
+        else:
+            self.message_user(request, f"{spec.verb} no message.", messages.WARNING)
+        if result.refused:
+            refused = "; ".join(f"{n:,} {why}" for why, n in sorted(result.refused.items()))
+            self.message_user(request, f"Left unchanged: {refused}.", messages.WARNING)
+
+
+def actor_of(request: HttpRequest) -> str:
+    user = request.user
+    return f"{user.get_username()} (admin user {user.pk})"

@@ -1,0 +1,44 @@
+"""Every hand-written SQL statement of the inbox, each behind a named function.
+
+The rest of the package goes through the ORM. These statements are written by hand because
+each saves a round trip on a hot path (the insert that deduplicates, the claim, the fenced
+completion, the duplicate's status) or does what the ORM cannot say (a history entry appended
+in SQL, a delete of a locked batch, a loose index scan, the planner's row estimate). This
+package is the only place that calls ``cursor.execute``: :mod:`.hot` for the hot path,
+:mod:`.upkeep` for operators and upkeep. A reviewer reads here every statement the package
+sends.
+
+Statuses that a statement compares with are written into its text as literals, never bound as
+parameters: under server-side prepared statements a parameterised ``status IN (%s, %s)`` gets
+a generic plan that cannot use the partial indexes (a claim took 165 ms at 1M rows instead of
+0.02 ms).
+"""
+
+from __future__ import annotations
+
+from .common import NewRow
+from .hot import (
+    claim_fresh,
+    claim_fresh_sql,
+    complete,
+    current_status,
+    current_status_sql,
+    insert,
+    insert_completed,
+)
+from .upkeep import delete_selected, distinct_consumers, estimated_rows, update_appending_history
+
+__all__ = [
+    "NewRow",
+    "claim_fresh",
+    "claim_fresh_sql",
+    "complete",
+    "current_status",
+    "current_status_sql",
+    "delete_selected",
+    "distinct_consumers",
+    "estimated_rows",
+    "insert",
+    "insert_completed",
+    "update_appending_history",
+]

@@ -1,0 +1,66 @@
+"""What the statement modules share: quoting, the table, status literals, the row shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+
+from ...models import InboxMessage
+
+Status = InboxMessage.Status
+
+COLUMNS = (
+    "consumer", "message_id", "source", "event_type", "key", "payload", "headers", "status",
+    "attempts", "last_error", "history", "received_at", "updated_at", "next_attempt_at",
+    "locked_until", "lease_id", "processed_at",
+)  # fmt: skip
+JSON_COLUMNS = {"payload", "headers", "history"}
+#: SQL text built once per database and shape.
+sql_cache: dict[tuple[Any, ...], str] = {}
+
+
+@dataclass
+class NewRow:
+    """A validated message, ready to insert. JSON fields hold encoded text."""
+
+    consumer: str
+    message_id: str
+    event_type: str
+    payload: str
+    headers: str = "{}"
+    source: str = ""
+    key: str = ""
+    status: str = Status.RECEIVED
+    attempts: int = 0
+    last_error: str = ""
+    history: str = "[]"
+    next_attempt_at: datetime | None = None
+    locked_until: datetime | None = None
+    lease_id: str = ""
+    processed_at: datetime | None = None
+
+
+def cached_sql(using: str, name: object, build: Callable[[Any, str], str]) -> str:
+    """The SQL of statement ``name`` on ``using``: ``build(quote, table)`` the first time."""
+    key = (using, connections[using].vendor, name)
+    sql = sql_cache.get(key)
+    if sql is None:
+        sql = sql_cache[key] = build(quote_of(using), table_of(using))
+    return sql
+
+
+def quote_of(using: str) -> Any:
+    return connections[using].ops.quote_name
+
+
+def table_of(using: str) -> str:
+    return str(quote_of(using)(InboxMessage._meta.db_table))
+
+
+def status_literal(value: str) -> str:
+    """A status as an SQL literal (only the model's own values are ever written so)."""
+    return f"'{Status(value).value}'"

@@ -1,0 +1,239 @@
+"""The hot path's statements: the insert that deduplicates, the claim, the fenced completion
+and a duplicate's status. Each is one round trip."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+
+from ...models import InboxMessage
+from .common import (
+    COLUMNS,
+    JSON_COLUMNS,
+    NewRow,
+    Status,
+    cached_sql,
+    quote_of,
+    status_literal,
+    table_of,
+)
+
+# --- insert: the unique key decides duplicates -------------------------------------------
+
+
+def _literal(column: str, value: Any, vendor: str) -> str | None:
+    """SQL for values that are the same for many rows, so they need no parameter."""
+    if value is None:
+        return "NULL"
+    if column == "status":
+        return status_literal(value)
+    if column == "attempts":
+        return str(int(value))
+    if value in ("", "[]", "{}") and column not in ("consumer", "message_id", "event_type"):
+        cast = "::jsonb" if vendor == "postgresql" and column in JSON_COLUMNS else ""
+        return f"'{value}'{cast}"
+    return None
+
+
+def _insert_sql(using: str, shape: tuple[str, ...]) -> str:
+    return cached_sql(
+        using,
+        shape,
+        lambda quote, table: (
+            f"INSERT INTO {table} ({', '.join(quote(c) for c in COLUMNS)}) "
+            f"VALUES ({', '.join(shape)}) "
+            f"ON CONFLICT ({quote('consumer')}, {quote('message_id')}) DO NOTHING "
+            f"RETURNING {quote('id')}"
+        ),
+    )
+
+
+def insert(row: NewRow, now: datetime, using: str) -> int | None:
+    """``INSERT … ON CONFLICT DO NOTHING RETURNING id``: the new id, ``None`` for a duplicate.
+
+    Values that are the same for many rows (statuses, empty strings, NULLs) are written into
+    the SQL, so only the message's own values travel as parameters. Databases without
+    ``ON CONFLICT`` insert under a savepoint and take the unique violation for a duplicate.
+    """
+    connection = connections[using]
+    values = {**vars(row), "received_at": now, "updated_at": now}
+    vendor = connection.vendor
+    if vendor not in ("postgresql", "sqlite"):
+        return _insert_with_savepoint(values, using)
+    adapt = connection.ops.adapt_datetimefield_value
+    placeholder = "%s::jsonb" if vendor == "postgresql" else "%s"
+    shape: list[str] = []
+    params: list[Any] = []
+    for column in COLUMNS:
+        value = values[column]
+        literal = _literal(column, value, vendor)
+        if literal is not None:
+            shape.append(literal)
+            continue
+        shape.append(placeholder if column in JSON_COLUMNS else "%s")
+        params.append(adapt(value) if isinstance(value, datetime) else value)
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(using, tuple(shape)), params)
+        found = cursor.fetchone()
+    return None if found is None else int(found[0])
+
+
+def _insert_with_savepoint(values: dict[str, Any], using: str) -> int | None:
+    fields = {**values}
+    for name in JSON_COLUMNS:
+        fields[name] = json.loads(fields[name])
+    try:
+        with transaction.atomic(using=using):
+            message = InboxMessage(**fields)
+            message.save(using=using, force_insert=True)
+    except IntegrityError:
+        return None
+    return int(message.pk)
+
+
+def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tuple[str, str], int]:
+    """Insert messages as ``completed`` (attempt 1) in one statement; return the new ids by
+    ``(consumer, message_id)``, for the rows that were new only.
+
+    Rows go in ``message_id`` order, so two transactions inserting overlapping batches take the
+    unique index's locks in the same order and cannot deadlock on them.
+    """
+    connection = connections[using]
+    vendor = connection.vendor
+    if vendor not in ("postgresql", "sqlite"):
+        found = {}
+        for row in rows:
+            pk = insert(row, now, using)
+            if pk is not None:
+                found[(row.consumer, row.message_id)] = pk
+        return found
+    unique = {(row.consumer, row.message_id): row for row in rows}
+    ordered = [unique[key] for key in sorted(unique)]
+    quote = quote_of(using)
+    json_param = "%s::jsonb" if vendor == "postgresql" else "%s"
+    constant = {
+        "status": status_literal(Status.COMPLETED),
+        "attempts": "1",
+        "last_error": "''",
+        "history": _literal("history", "[]", vendor),
+        "next_attempt_at": "NULL",
+        "locked_until": "NULL",
+        "lease_id": "''",
+    }
+    shape = ", ".join(
+        constant.get(column) or (json_param if column in JSON_COLUMNS else "%s")
+        for column in COLUMNS
+    )
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    params: list[Any] = []
+    for row in ordered:
+        params += [row.consumer, row.message_id, row.source, row.event_type, row.key]
+        params += [row.payload, row.headers, stamp, stamp, stamp]
+    sql = (
+        f"INSERT INTO {table_of(using)} ({', '.join(quote(c) for c in COLUMNS)}) VALUES "
+        + ", ".join(f"({shape})" for _ in ordered)
+        + f" ON CONFLICT ({quote('consumer')}, {quote('message_id')}) DO NOTHING "
+        f"RETURNING {quote('consumer')}, {quote('message_id')}, {quote('id')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {(consumer, message_id): int(pk) for consumer, message_id, pk in cursor.fetchall()}
+
+
+def current_status_sql(using: str) -> str:
+    """The status of one message, by the unique key (one index probe)."""
+    return cached_sql(
+        using,
+        "current_status",
+        lambda quote, table: (
+            f"SELECT {quote('status')} FROM {table} "
+            f"WHERE {quote('consumer')} = %s AND {quote('message_id')} = %s"
+        ),
+    )
+
+
+def current_status(consumer: str, message_id: str, using: str) -> str | None:
+    """The status of ``(consumer, message_id)``, ``None`` if it has no row."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(current_status_sql(using), [consumer, message_id])
+        found = cursor.fetchone()
+    return None if found is None else str(found[0])
+
+
+# --- the lease: claim and fenced completion ---------------------------------------------
+
+
+def claim_fresh_sql(using: str) -> str:
+    """The claim of new and due rows (PostgreSQL), as :func:`claim_fresh` sends it."""
+
+    def build(quote: Any, table: str) -> str:
+        names = [quote(field.attname) for field in InboxMessage._meta.concrete_fields]
+        due = f"{status_literal(Status.RECEIVED)}, {status_literal(Status.FAILED)}"
+        return (
+            f"UPDATE {table} SET {quote('status')} = {status_literal(Status.IN_PROGRESS)}, "
+            f"{quote('attempts')} = {quote('attempts')} + 1, {quote('lease_id')} = %s, "
+            f"{quote('locked_until')} = %s, {quote('next_attempt_at')} = %s, "
+            f"{quote('updated_at')} = %s "
+            f"WHERE {quote('id')} = ANY(ARRAY(SELECT {quote('id')} FROM {table} "
+            f"WHERE {quote('consumer')} = %s AND {quote('status')} IN ({due}) "
+            f"AND {quote('next_attempt_at')} <= %s "
+            f"ORDER BY {quote('next_attempt_at')}, {quote('id')} LIMIT %s FOR UPDATE SKIP LOCKED)) "
+            f"RETURNING {', '.join(names)}"
+        )
+
+    return cached_sql(using, "claim_fresh", build)
+
+
+def claim_fresh(
+    consumer: str, limit: int, lease_id: str, until: datetime, now: datetime, using: str
+) -> list[InboxMessage]:
+    """PostgreSQL: claim ``received`` and due ``failed`` rows in one autocommit statement.
+
+    ``UPDATE … WHERE id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED)) RETURNING …``: the
+    claim, its counted attempt and the lease commit together, one round trip per batch.
+    ``= ANY(ARRAY(…))`` runs the locking subquery once; under ``IN (…)`` PostgreSQL may rescan
+    it per row and claim more than ``limit`` rows. Returns the rows in primary-key order.
+    """
+    connection = connections[using]
+    names = [field.attname for field in InboxMessage._meta.concrete_fields]
+    with connection.cursor() as cursor:
+        cursor.execute(claim_fresh_sql(using), [lease_id, until, until, now, consumer, now, limit])
+        found = cursor.fetchall()
+    json_fields = {
+        index: InboxMessage._meta.get_field(name)
+        for index, name in enumerate(names)
+        if name in JSON_COLUMNS
+    }
+    rows = []
+    for values in found:
+        row = list(values)
+        for index, field in json_fields.items():
+            row[index] = field.from_db_value(row[index], None, connection)  # type: ignore[union-attr]
+        rows.append(InboxMessage.from_db(using, names, row))
+    rows.sort(key=lambda message: message.pk)
+    return rows
+
+
+def complete(pk: int, lease_id: str, now: datetime, using: str) -> bool:
+    """Mark a claimed row completed if ``lease_id`` still holds it: the fence of
+    :func:`django_inbox.leases.fenced`, written out for the hot path."""
+    connection = connections[using]
+    sql = cached_sql(
+        using,
+        "complete",
+        lambda quote, table: (
+            f"UPDATE {table} SET {quote('status')} = {status_literal(Status.COMPLETED)}, "
+            f"{quote('processed_at')} = %s, {quote('updated_at')} = %s, "
+            f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = NULL, "
+            f"{quote('lease_id')} = '', {quote('last_error')} = '' "
+            f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
+            f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)}"
+        ),
+    )
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [stamp, stamp, pk, lease_id])
+        return bool(cursor.rowcount == 1)

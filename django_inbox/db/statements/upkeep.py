@@ -1,0 +1,117 @@
+"""The statements of operators and upkeep: a history entry appended in SQL, a locked batch
+deleted, the planner's row estimate, a loose index scan of the consumers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import connections
+
+from ...models import InboxMessage
+from .common import quote_of, table_of
+
+# --- operators and upkeep ----------------------------------------------------------------
+
+
+def update_appending_history(
+    pks: list[int],
+    statuses: list[str],
+    changes: dict[str, Any],
+    entry: dict[str, Any],
+    using: str,
+) -> None:
+    """PostgreSQL: change rows in one statement, appending ``entry`` to each one's history in
+    SQL. ``from`` and ``attempts`` of each entry are the row's values before the update (in an
+    ``UPDATE``, column references in ``SET`` read the old row)."""
+    quote = quote_of(using)
+    sets: list[str] = []
+    params: list[Any] = []
+    for column, value in changes.items():
+        sets.append(f"{quote(column)} = %s")
+        params.append(value)
+    pairs: list[str] = []
+    for key, value in entry.items():
+        if key in ("from", "attempts"):
+            continue
+        pairs.append("%s, %s::text")
+        params += [key, value]
+    pairs.append(f"'from', {quote('status')}, 'attempts', {quote('attempts')}")
+    history = (
+        f"{quote('history')} = {quote('history')} || "
+        f"jsonb_build_array(jsonb_build_object({', '.join(pairs)}))"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table_of(using)} SET {', '.join(sets)}, {history} "
+            f"WHERE {quote('id')} = ANY(%s) AND {quote('status')} = ANY(%s)",
+            [*params, pks, statuses],
+        )
+
+
+def delete_selected(select_sql: str, params: list[Any], status: str, using: str) -> list[int]:
+    """Delete the rows whose ids ``select_sql`` returns, re-checking each one's ``status`` as it
+    is deleted (a row replayed meanwhile is kept); return the deleted ids.
+
+    On PostgreSQL ``id = ANY(ARRAY(…))`` runs the (locking) selection once, as an InitPlan.
+    Under ``IN (…)`` PostgreSQL may plan a nested-loop semi-join that rescans it for every outer
+    row; each rescan skips the rows already deleted and its LIMIT takes the next ones, so one
+    "batch" would delete every expired row in one long transaction.
+    """
+    connection = connections[using]
+    quote = quote_of(using)
+    pk = quote("id")
+    if connection.vendor == "postgresql":
+        selected = f"{pk} = ANY(ARRAY({select_sql}))"
+    else:
+        selected = f"{pk} IN ({select_sql})"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {table_of(using)} WHERE {selected} AND {quote('status')} = %s "
+            f"RETURNING {pk}",
+            [*params, status],
+        )
+        return [int(found[0]) for found in cursor.fetchall()]
+
+
+def estimated_rows(using: str) -> int:
+    """PostgreSQL's estimate of the table's rows (no scan); ``0`` elsewhere or if unknown.
+
+    The planner's own estimate (``EXPLAIN SELECT … FROM table``): ``reltuples`` of the last
+    ``ANALYZE``/``VACUUM`` scaled to the table's current size, so it follows a table that grew
+    since (autovacuum may be off), and a guess from the table's size if it never was analysed.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table_of(using)}")
+        found = cursor.fetchone()
+    if not found:
+        return 0
+    plan = json.loads(found[0]) if isinstance(found[0], str | bytes) else found[0]
+    try:
+        rows = plan[0]["Plan"]["Plan Rows"]
+    except (LookupError, TypeError):
+        return 0
+    return max(int(rows), 0)
+
+
+def distinct_consumers(using: str) -> list[str]:
+    """Every consumer that has rows. On PostgreSQL a walk of the unique index, one probe per
+    consumer (a loose index scan), so it stays instant on a table of millions of rows."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        rows = InboxMessage.objects.using(using).order_by()
+        return sorted(rows.values_list("consumer", flat=True).distinct())
+    table = table_of(using)
+    column = quote_of(using)("consumer")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH RECURSIVE walk(name) AS ("
+            f"SELECT min({column}) FROM {table} "
+            f"UNION ALL SELECT (SELECT min({column}) FROM {table} WHERE {column} > walk.name) "
+            f"FROM walk WHERE walk.name IS NOT NULL) "
+            f"SELECT name FROM walk WHERE name IS NOT NULL"
+        )
+        return [str(name) for (name,) in cursor.fetchall()]

@@ -1,0 +1,80 @@
+"""Finding rows for an operator: by criteria (``inbox_replay``), by id (``inbox_show``), counted
+by status (the confirmations), and who is acting (``user@host (command)``)."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from datetime import datetime
+
+from django.db.models import Count, QuerySet
+
+from ..conf import inbox_settings
+from ..models import InboxMessage
+
+
+def command_actor(command: str) -> str:
+    """Who runs a management command, for the history: ``user@host (command)``."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name (some containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()} ({command})"
+
+
+def select(
+    *,
+    pks: list[int] | None = None,
+    message_ids: list[str] | None = None,
+    consumer: str | None = None,
+    event_types: list[str] | None = None,
+    statuses: list[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet[InboxMessage]:
+    """Rows matching every criterion given. ``since``/``until`` apply to ``updated_at``:
+    when the row reached its current status (went dead, was parked, completed).
+
+    A list criterion left at ``None`` matches any value; an empty list matches no row (so
+    replaying "the selected ids" when none were selected changes nothing, not everything).
+    """
+    rows = InboxMessage.objects.using(inbox_settings.database).all()
+    if pks is not None:
+        rows = rows.filter(pk__in=pks)
+    if message_ids is not None:
+        rows = rows.filter(message_id__in=message_ids)
+    if consumer:
+        rows = rows.filter(consumer=consumer)
+    if event_types is not None:
+        rows = rows.filter(event_type__in=event_types)
+    if statuses is not None:
+        rows = rows.filter(status__in=statuses)
+    if since is not None:
+        rows = rows.filter(updated_at__gte=since)
+    if until is not None:
+        rows = rows.filter(updated_at__lt=until)
+    return rows
+
+
+def find(
+    *,
+    message_ids: list[str] | None = None,
+    pks: list[int] | None = None,
+    consumer: str | None = None,
+) -> list[InboxMessage]:
+    """Rows with any of ``message_ids`` or ``pks`` (in ``consumer``, if given), by consumer
+    and id: what ``inbox_show`` prints."""
+    base = InboxMessage.objects.using(inbox_settings.database).for_consumer(consumer)
+    rows = base.none()
+    if message_ids:
+        rows = rows | base.filter(message_id__in=message_ids)
+    if pks:
+        rows = rows | base.filter(pk__in=pks)
+    return list(rows.order_by("consumer", "pk"))
+
+
+def count_by_status(rows: QuerySet[InboxMessage]) -> dict[str, int]:
+    """How many of ``rows`` are in each status (one ``GROUP BY``)."""
+    return {
+        row["status"]: row["n"] for row in rows.order_by().values("status").annotate(n=Count("pk"))
+    }
