@@ -2,8 +2,8 @@
 table, proven by the SQL each page runs (captured) and the plans PostgreSQL makes for it
 (``EXPLAIN``, not timed). The wall time of each page is printed (``pytest -s``), not asserted.
 
-The seed, the pages and the query checks are those of the benchmark ``bench/admin_pages.py``,
-which times the same pages on the same data.
+The seed, the pages and the query checks are in ``tests/admin_pages.py``; the benchmark
+``bench/admin_pages.py`` times the same pages on the same data.
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import time
 import pytest
 from django.test import Client
 
-from bench import admin_pages
-from bench.admin_pages import (
+from django_inbox.admin.paginator import COUNT_CAP
+from django_inbox.models import InboxMessage
+from django_inbox.services.stats import estimated_rows
+from tests import admin_pages
+from tests.admin_pages import (
     Page,
     Visit,
     explain,
@@ -23,9 +26,6 @@ from bench.admin_pages import (
     row_query,
     scans,
 )
-from django_inbox.admin.paginator import COUNT_CAP
-from django_inbox.models import InboxMessage
-from django_inbox.services.stats import estimated_rows
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -38,7 +38,7 @@ UNINDEXED_FILTERS: frozenset[str] = frozenset()
 
 
 def seeded_dead_rows(rows: int) -> int:
-    """Dead rows of :func:`bench.admin_pages.seed_sql`: every 499th (``i % 499 == 123``),
+    """Dead rows of :func:`tests.admin_pages.seed_sql`: every 499th (``i % 499 == 123``),
     except among the newest 1,600 (received or in progress)."""
     return len(range(123, rows - 1600 + 1, 499))
 

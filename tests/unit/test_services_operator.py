@@ -26,7 +26,7 @@ from django_inbox import history, store
 from django_inbox.models import InboxMessage
 from django_inbox.services import park, process_due, replay, retry_now, select
 from tests.conftest import handler
-from tests.effects import effect_counts, lost_and_doubled
+from tests.effects import effect_counts
 
 Status = InboxMessage.Status
 Manage = Callable[..., subprocess.Popen[str]]
@@ -177,55 +177,6 @@ def assert_replayed(
 # --- replay: dead and parked rows, processed for real -------------------------------------
 
 
-@pytest.mark.postgres
-@pytest.mark.slow
-def test_replay_command_then_worker_completes_each_dead_and_parked_row_once(
-    manage: Manage,
-) -> None:
-    # Dead rows as a broken downstream left them: three failed attempts each.
-    dead = make_rows(Status.DEAD, 5, prefix="was-dead", ago=timedelta(minutes=10))
-    # Parked rows made by the operator action itself, from freshly stored messages.
-    for n in range(3):
-        assert store(
-            consumer="effects", message_id=f"was-parked-{n}", event_type="effect.write", payload={}
-        )
-    parked_rows = select(message_ids=[f"was-parked-{n}" for n in range(3)])
-    parked = park(parked_rows, actor="alice", reason="hold while we look", via="test")
-    assert parked.changed == {"received": 3}
-    before = {row.pk: row for row in InboxMessage.objects.all()}
-    assert {row.status for row in before.values()} == {Status.DEAD, Status.PARKED}
-    assert all(len(entries(row, "park")) == 1 for row in before.values() if row.status == "parked")
-
-    code, out, err = run(manage, "inbox_replay", "--all", "--reason", "downstream fixed")
-
-    assert code == 0, err
-    assert "replayed 8 row(s) (dead 5, parked 3)" in out
-    after = {row.pk: row for row in InboxMessage.objects.all()}
-    assert after.keys() == before.keys(), "same rows, none created or deleted"
-    for pk, row in after.items():
-        assert_replayed(
-            row, before[pk], reason="downstream fixed", via="command", by="(inbox_replay)"
-        )
-    assert Effect.objects.count() == 0, "replay itself runs no handler"
-
-    code, out, err = run(manage, "inbox_process", "--consumer", "effects", "--until-idle", "1")
-
-    assert code == 0, err
-    expected = {row.message_id for row in before.values()}
-    counts = effect_counts()
-    lost, doubled = lost_and_doubled(expected)
-    print(f"replayed 8 (5 dead, 3 parked) then processed: effects={counts}")
-    assert (lost, doubled) == (0, 0)
-    assert counts == dict.fromkeys(expected, 1)
-    done = {row.pk: row for row in InboxMessage.objects.all()}
-    assert {row.status for row in done.values()} == {Status.COMPLETED}
-    assert {row.attempts for row in done.values()} == {1}
-    for pk, row in done.items():
-        assert row.history == after[pk].history, "completion keeps the history, replay included"
-        assert [e["kind"] for e in row.history].count("replay") == 1
-    assert [dead[0].pk] == [r.pk for r in done.values() if r.message_id == "was-dead-0"]
-
-
 @transactional
 def test_replay_of_rows_that_went_dead_for_real_runs_the_fixed_handler_once() -> None:
     """A handler fails until it is fixed: its messages go dead through the real worker, and a
@@ -297,55 +248,6 @@ def test_replay_after_the_missing_handler_is_deployed() -> None:
 
 
 # --- completed rows: refused unless forced, with a reason, and allowed by the policy -------
-
-
-@pytest.mark.postgres
-@pytest.mark.slow
-def test_replaying_a_completed_row_needs_force_and_a_reason(manage: Manage) -> None:
-    assert store(consumer="effects", message_id="done-1", event_type="effect.write", payload={})
-    drain()
-    assert effect_counts() == {"done-1": 1}
-    row = InboxMessage.objects.get(message_id="done-1")
-    assert row.status == Status.COMPLETED
-    unchanged = snapshot([row.pk])
-
-    # Not without --force: exit 1, nothing changed.
-    code, out, err = run(manage, "inbox_replay", "--id", str(row.pk), "--status", "completed")
-    assert code == 1, (out, err)
-    assert "inbox_replay --force" in err
-    assert "Traceback" not in err
-    assert snapshot([row.pk]) == unchanged
-
-    # --force without --reason: a usage error, exit 2, nothing changed.
-    code, out, err = run(
-        manage, "inbox_replay", "--id", str(row.pk), "--status", "completed", "--force"
-    )
-    assert code == 2, (out, err)
-    assert "--reason" in err
-    assert snapshot([row.pk]) == unchanged
-
-    # --force --reason: replayed, and the handler runs (and applies its effect) again.
-    code, out, err = run(
-        manage,
-        "inbox_replay",
-        "--id",
-        str(row.pk),
-        "--status",
-        "completed",
-        "--force",
-        "--reason",
-        "rebuild the projection",
-    )
-    assert code == 0, err
-    assert "replayed 1 row(s) (completed 1)" in out
-    replayed = InboxMessage.objects.get(pk=row.pk)
-    assert_replayed(
-        replayed, row, reason="rebuild the projection", via="command", by="(inbox_replay)"
-    )
-    code, out, err = run(manage, "inbox_process", "--consumer", "effects", "--until-idle", "1")
-    assert code == 0, err
-    assert effect_counts() == {"done-1": 2}, "a forced replay runs the handler a second time"
-    assert InboxMessage.objects.get(pk=row.pk).status == Status.COMPLETED
 
 
 @pytest.mark.django_db
@@ -620,50 +522,7 @@ def test_rows_still_being_processed_are_never_replayed() -> None:
     assert snapshot(pks) == unchanged
 
 
-@pytest.mark.postgres
-@pytest.mark.slow
-def test_usage_errors_exit_2(manage: Manage) -> None:
-    (row,) = make_rows(Status.FAILED, 1)
-    unchanged = snapshot([row.pk])
-    for args in (
-        ["--status", "failed"],
-        ["--status", "received"],
-        ["--since", "yesterday-ish"],
-        ["--id", "not-a-number"],
-    ):
-        code, out, err = run(manage, "inbox_replay", *args)
-        assert code == 2, (args, out, err)
-        assert "Traceback" not in err
-    code, out, err = run(manage, "inbox_replay", "--status", "failed")
-    assert "failed rows are retried on their own" in err
-    assert snapshot([row.pk]) == unchanged
-
-
 # --- concurrency ---------------------------------------------------------------------------
-
-
-@pytest.mark.postgres
-@pytest.mark.slow
-def test_two_replay_commands_at_once_replay_each_row_once(manage: Manage) -> None:
-    make_rows(Status.DEAD, 500, prefix="race")
-    procs = [manage("inbox_replay", "--all", "--reason", f"operator {n}") for n in range(2)]
-    replayed = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
-        (line,) = [line for line in out.splitlines() if line.startswith("inbox_replay:")]
-        replayed.append(int(line.split()[2].replace(",", "")))
-
-    print(f"two inbox_replay processes over 500 dead rows replayed {replayed}")
-    assert sum(replayed) == 500, "each row counted by exactly one of them"
-    rows = list(InboxMessage.objects.all())
-    assert len(rows) == 500
-    assert {row.status for row in rows} == {Status.RECEIVED}
-    per_row = [len(entries(row, "replay")) for row in rows]
-    assert per_row == [1] * 500, "exactly one replay entry per row"
-    # Each row's entry names the process that replayed it; their counts add up.
-    reasons = [entries(row, "replay")[0]["reason"] for row in rows]
-    assert sorted(reasons.count(f"operator {n}") for n in range(2)) == sorted(replayed)
 
 
 @pytest.mark.postgres
@@ -712,51 +571,6 @@ def test_interleaved_replays_in_small_batches_replay_each_row_once() -> None:
     assert [len(entries(row, "replay")) for row in rows] == [1] * 500
     by = [entries(row, "replay")[0]["by"] for row in rows]
     assert sorted(by.count(f"thread {n}") for n in range(4)) == sorted(totals)
-
-
-@pytest.mark.postgres
-@pytest.mark.slow
-def test_a_replayed_row_being_processed_cannot_be_replayed_again(manage: Manage) -> None:
-    (row,) = make_rows(Status.DEAD, 1, prefix="busy", payload={"sleep": 4, "sleep_on_attempt": 1})
-    assert replay(select(pks=[row.pk]), actor="erin", via="test").total == 1
-    worker = manage(
-        "inbox_process", "--consumer", "effects", "--until-idle", "1", env={"EFFECTS_LEASE": "60"}
-    )
-    deadline = time.monotonic() + 60
-    while InboxMessage.objects.get(pk=row.pk).status != Status.IN_PROGRESS:
-        assert time.monotonic() < deadline, "the worker never claimed the row"
-        assert worker.poll() is None, worker.communicate()
-        time.sleep(0.05)
-    busy = snapshot([row.pk])
-
-    code, out, err = run(
-        manage,
-        "inbox_replay",
-        "--id",
-        str(row.pk),
-        "--status",
-        "dead",
-        "--status",
-        "parked",
-        "--status",
-        "completed",
-        "--force",
-        "--reason",
-        "again",
-    )
-    assert code == 0, err
-    assert "replayed 0 row(s)" in out
-    result = replay(select(pks=[row.pk]), actor="erin", reason="again", force=True, via="test")
-    assert result.total == 0
-    assert result.refused == {"in_progress (cannot replay from in_progress)": 1}
-    assert snapshot([row.pk]) == busy
-
-    out, err = worker.communicate(timeout=120)
-    assert worker.returncode == 0, err
-    done = InboxMessage.objects.get(pk=row.pk)
-    assert done.status == Status.COMPLETED
-    assert len(entries(done, "replay")) == 1
-    assert effect_counts() == {"busy-0": 1}
 
 
 # --- park and retry now --------------------------------------------------------------------

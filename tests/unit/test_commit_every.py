@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable
-
 import pytest
 from django.test import override_settings
 
 from django_inbox import store
 from django_inbox.models import InboxMessage
 from django_inbox.worker import Worker
-from tests.conftest import restart_until_it_survives
 from tests.effects import lost_and_doubled
 
 Status = InboxMessage.Status
@@ -48,31 +44,3 @@ def test_commit_every_must_be_positive() -> None:
     from django.core.checks import run_checks
 
     assert "django_inbox.E011" in {message.id for message in run_checks()}
-
-
-@pytest.mark.postgres
-@pytest.mark.slow
-def test_poison_in_a_shared_transaction_goes_dead_and_spares_the_rest(
-    manage: Callable[..., subprocess.Popen[str]],
-) -> None:
-    ids = [f"m-{n:02d}" for n in range(12)]
-    store_effects(ids, m_05={"kill": "always"})
-
-    kills = restart_until_it_survives(
-        lambda: manage(
-            "inbox_process", "--consumer", "effects", "--commit-every", "10", "--until-idle", "4"
-        ),
-        bound=12,
-    )
-
-    poison = InboxMessage.objects.get(message_id="m-05")
-    print(f"shared-transaction poison: kills={kills} attempts={poison.attempts}")
-    # The shared transaction's death blames nobody; the next runs, one transaction each,
-    # count the poison's three attempts.
-    assert kills == 4
-    assert (poison.status, poison.attempts) == (Status.DEAD, 3)
-    others = InboxMessage.objects.exclude(message_id="m-05")
-    assert set(others.values_list("status", flat=True)) == {Status.COMPLETED}
-    assert set(others.values_list("attempts", flat=True)) == {1}
-    lost, doubled = lost_and_doubled(set(ids) - {"m-05"})
-    assert (lost, doubled) == (0, 0)

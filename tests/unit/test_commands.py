@@ -13,7 +13,6 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 
 from django_inbox import store
 
@@ -49,38 +48,6 @@ def test_stats_for_a_known_consumer_without_rows_is_healthy() -> None:
     out = StringIO()
     call_command("inbox_stats", "--consumer", "inventory", stdout=out)
     assert "healthy" in out.getvalue()
-
-
-@pytest.mark.postgres
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "command",
-    [
-        ("inbox_process", "--until-idle", "1"),
-        ("inbox_replay", "--all"),
-        ("inbox_purge", "--older-than", "30d"),
-        ("inbox_reclaim",),
-        ("inbox_show", "m-1"),
-    ],
-    ids=lambda args: args[0],
-)
-def test_commands_before_migrate_exit_2_saying_run_migrate(
-    manage: Manage, db_url: str, command: tuple[str, ...]
-) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("DROP DATABASE IF EXISTS inbox_unmigrated_cmd")
-        cursor.execute("CREATE DATABASE inbox_unmigrated_cmd")
-    try:
-        unmigrated = db_url.rsplit("/", 1)[0] + "/inbox_unmigrated_cmd"
-        proc = manage(*command, env={"DATABASE_URL": unmigrated})
-        _, err = proc.communicate(timeout=60)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("DROP DATABASE IF EXISTS inbox_unmigrated_cmd")
-
-    assert proc.returncode == 2, err
-    assert "run 'manage.py migrate' first" in err
-    assert "Traceback" not in err
 
 
 @pytest.mark.django_db(transaction=True)

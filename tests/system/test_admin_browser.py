@@ -33,7 +33,7 @@ from django_inbox import Outcome, deliver
 from django_inbox.models import InboxMessage
 from django_inbox.registry import registry
 from django_inbox.services import process_due
-from tests.conftest import handler
+from tests.conftest import ROOT, handler
 from tests.effects import effect_counts, lost_and_doubled
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ Manage = Callable[..., subprocess.Popen[str]]
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 CHROMIUM = Path("/usr/bin/chromium")
-IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
+IMAGES = ROOT / "docs" / "images"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -12,8 +9,6 @@ from django.conf import settings as django_settings
 from django.test import override_settings
 
 from django_inbox.conf import DEFAULTS, POLICY_KEYS, Policy, inbox_settings
-
-from .conftest import ROOT
 
 ALL_INBOX_SETTINGS = sorted(DEFAULTS)
 
@@ -195,28 +190,6 @@ def test_policy_follows_override_settings() -> None:
 def test_policy_keys_cover_the_policy_dataclass() -> None:
     assert set(POLICY_KEYS) == set(Policy.__dataclass_fields__)
     assert all(setting in DEFAULTS for setting in POLICY_KEYS.values())
-
-
-def test_import_and_decorate_without_configured_settings() -> None:
-    """Importing the package and decorating a handler reads no setting and no database."""
-    code = (
-        "import django_inbox, django_inbox.conf, django_inbox.registry, django_inbox.retry\n"
-        "from django_inbox import inbox_handler\n"
-        "@inbox_handler('order.placed', consumer='inventory')\n"
-        "def h(message):\n"
-        "    pass\n"
-        "from django.conf import settings\n"
-        "assert not settings.configured\n"
-        "assert django_inbox.registry.registry.get('inventory', 'order.placed').func is h\n"
-        "print('ok')\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["PYTHONPATH"] = str(ROOT)
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
 
 
 # --- retention, dead retention, redelivery window, pending age, replay of completed rows ------

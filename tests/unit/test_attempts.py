@@ -15,8 +15,7 @@ from django_inbox.delivery import deliver_batch
 from django_inbox.models import InboxMessage
 from django_inbox.rows import prepare
 from django_inbox.services import process_due
-
-from .conftest import handler
+from tests.conftest import handler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

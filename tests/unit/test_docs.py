@@ -13,8 +13,9 @@ from django.core.management.base import BaseCommand
 import django_inbox
 from django_inbox import services
 from django_inbox.conf import DEFAULTS, POLICY_KEYS
+from tests.conftest import ROOT
 
-REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference"
+REFERENCE = ROOT / "docs" / "reference"
 COMMANDS = [
     "inbox_consume",
     "inbox_process",

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from django_inbox import history
 from django_inbox.models import InboxMessage
-from tests.test_admin import CHANGELIST, change_url, html, login, make_row, make_user
+from tests.unit.test_admin import CHANGELIST, change_url, html, login, make_row, make_user
 
 Status = InboxMessage.Status
 SECRET = "4111-SECRET-CARD"

@@ -29,9 +29,8 @@ from django_inbox.testing import (
     run_worker,
     simulate_crash,
 )
-
-from .conftest import handler
-from .effects import effect_counts
+from tests.conftest import handler
+from tests.effects import effect_counts
 
 # How users load the fixtures; here in the test module, as tests/conftest.py is shared.
 pytest_plugins = ["django_inbox.testing"]
@@ -483,23 +482,6 @@ def test_the_inbox_fixture_in_a_test_transaction(inbox: Inbox) -> None:
     assert inbox.deliver(**effect("evt-2", fail_times=1)) == Outcome.FAILED
     assert inbox.run_worker(["effects"], due_now=True) == {Outcome.PROCESSED: 1}
     assert attempts_of_effects("evt-2") == [2]
-
-
-def test_the_plain_functions_need_no_pytest() -> None:
-    import subprocess
-    import sys
-
-    code = (
-        "import sys; sys.modules['pytest'] = None\n"
-        "import django_inbox.testing as t\n"
-        "assert not hasattr(t, 'inbox'), 'no fixture without pytest'\n"
-        "print(t.deliver_twice.__name__, t.simulate_crash.__name__)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["deliver_twice", "simulate_crash"]
 
 
 # --- Django TestCase: everything inside the test's transaction ---
