@@ -35,22 +35,18 @@ def check_handler_modules(app_configs: Any = None, **kwargs: Any) -> list[CheckM
 
 def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
-    attempts = values.get("max_attempts", 1)
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        errors.append(
-            Error(
-                f"{where} max attempts must be a positive integer, got {attempts!r}.",
-                id="django_inbox.E002",
+    for key, check_id in (
+        ("max_attempts", "django_inbox.E002"),
+        ("commit_every", "django_inbox.E011"),
+    ):
+        value = values.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            errors.append(
+                Error(
+                    f"{where} {key.replace('_', ' ')} must be a positive integer, got {value!r}.",
+                    id=check_id,
+                )
             )
-        )
-    commit_every = values.get("commit_every", 1)
-    if isinstance(commit_every, bool) or not isinstance(commit_every, int) or commit_every < 1:
-        errors.append(
-            Error(
-                f"{where} commit every must be a positive integer, got {commit_every!r}.",
-                id="django_inbox.E011",
-            )
-        )
     seconds: dict[str, float] = {}
     for key in ("backoff_base", "backoff_max", "lease", "retention", "redelivery_window"):
         if key not in values:

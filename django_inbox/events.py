@@ -114,15 +114,13 @@ def event(
             extra["error_type"] = error_type
         if retry_at is not None:
             extra["retry_at"] = retry_at
-        signals.send(
-            signal,
-            consumer=consumer,
-            message_id=message_id,
-            event_type=event_type,
-            pk=pk,
-            attempt=attempt,
-            duration=duration,
-            message=message,
-            using=using,
-            **extra,
-        )
+        arguments = {
+            "consumer": consumer,
+            "message_id": message_id,
+            "event_type": event_type,
+            "pk": pk,
+            "attempt": attempt,
+            "duration": duration,
+            "message": message,
+        }
+        signals.send(signal, arguments, extra, using)

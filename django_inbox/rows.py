@@ -7,13 +7,14 @@ import functools
 import json
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Unpack
 
 from . import events
 from .conf import inbox_settings
 from .db import statements
 from .db.statements import NewRow
 from .exceptions import InvalidPayload
+from .message import MessageFields
 from .models import InboxMessage
 from .text import storable_json
 from .validation import CONSUMER_MAX, clean_message_id, clean_text, encode_json
@@ -21,28 +22,22 @@ from .validation import CONSUMER_MAX, clean_message_id, clean_text, encode_json
 __all__ = ["NewRow", "fresh", "insert", "insert_completed", "materialise", "prepare"]
 
 
-def prepare(
-    *,
-    consumer: str,
-    message_id: object,
-    event_type: str,
-    payload: Any,
-    headers: Mapping[str, Any] | None = None,
-    source: str | None = "",
-    key: str | None = "",
-) -> NewRow:
-    """Validate every argument into a :class:`NewRow`; raise an
-    :class:`~django_inbox.InvalidMessage` subclass for bad input."""
+def prepare(**message: Unpack[MessageFields]) -> NewRow:
+    """Validate a message (``deliver()``'s keyword arguments) into a :class:`NewRow`; raise
+    an :class:`~django_inbox.InvalidMessage` subclass for bad input."""
+    headers = message.get("headers")
     if headers is not None and not isinstance(headers, Mapping):
         raise InvalidPayload(f"headers must be a mapping, got {type(headers).__name__}")
     max_bytes = inbox_settings.max_payload_bytes
     return NewRow(
-        consumer=clean_text("consumer", consumer, required=True, max_length=CONSUMER_MAX),
-        message_id=clean_message_id(message_id),
-        event_type=clean_text("event_type", event_type, required=True),
-        source=clean_text("source", source, required=False),
-        key=clean_text("key", key, required=False),
-        payload=encode_json("payload", payload, max_bytes=max_bytes),
+        consumer=clean_text(
+            "consumer", message["consumer"], required=True, max_length=CONSUMER_MAX
+        ),
+        message_id=clean_message_id(message["message_id"]),
+        event_type=clean_text("event_type", message["event_type"], required=True),
+        source=clean_text("source", message.get("source", ""), required=False),
+        key=clean_text("key", message.get("key", ""), required=False),
+        payload=encode_json("payload", message["payload"], max_bytes=max_bytes),
         # Headers are what a broker or sender added: their text is made storable, not refused.
         headers=encode_json("headers", storable_json(dict(headers or {})), max_bytes=max_bytes),
     )

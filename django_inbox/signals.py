@@ -92,44 +92,30 @@ def listened(signal: Signal) -> bool:
 
 
 def send(
-    signal: Signal,
-    *,
-    consumer: str,
-    message_id: str,
-    event_type: str,
-    pk: int | None = None,
-    attempt: int = 0,
-    duration: float | None = None,
-    message: InboxMessage | None = None,
-    using: str | None = None,
-    **extra: Any,
+    signal: Signal, arguments: dict[str, Any], extra: dict[str, Any], using: str | None
 ) -> None:
-    """Send ``signal`` once the current transaction on ``using`` commits (now in autocommit)."""
+    """Send ``signal`` once the current transaction on ``using`` commits (now in autocommit).
+
+    ``arguments`` are the keyword arguments every signal has (``consumer``, ``message_id``,
+    ``event_type``, ``pk``, ``attempt``, ``duration``, ``message``); ``extra`` is sent as
+    ``extra``, its datetimes as ISO 8601 text.
+    """
     if not listened(signal):
         return
-    for key, value in list(extra.items()):
-        if isinstance(value, datetime):
-            extra[key] = value.isoformat()
+    extra = {
+        key: value.isoformat() if isinstance(value, datetime) else value
+        for key, value in extra.items()
+    }
 
     def fire() -> None:
-        results = signal.send_robust(
-            sender=_model(),
-            consumer=consumer,
-            message_id=message_id,
-            event_type=event_type,
-            pk=pk,
-            attempt=attempt,
-            duration=duration,
-            message=message,
-            extra=extra,
-        )
+        results = signal.send_robust(sender=_model(), **arguments, extra=extra)
         for receiver, error in results:
             if isinstance(error, Exception):
                 logger.error(
                     "inbox signal receiver %s failed for %s %s: %s",
                     _name(receiver),
-                    consumer,
-                    message_id,
+                    arguments["consumer"],
+                    arguments["message_id"],
                     exception_text(error),
                 )
 

@@ -17,19 +17,23 @@ from ..registry import registry
 from ..services import known_consumers
 
 
-class ConsumerFilter(admin.SimpleListFilter):
+class _ExactFilter(admin.SimpleListFilter):
+    """Rows whose field ``parameter_name`` equals the chosen value (an index probe)."""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(**{str(self.parameter_name): value}) if value else queryset
+
+
+class ConsumerFilter(_ExactFilter):
     title = _("consumer")
     parameter_name = "consumer"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [(name, name) for name in known_consumers()]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        return queryset.filter(consumer=value) if value else queryset
 
-
-class EventTypeFilter(admin.SimpleListFilter):
+class EventTypeFilter(_ExactFilter):
     title = _("event type")
     parameter_name = "event_type"
 
@@ -46,10 +50,6 @@ class EventTypeFilter(admin.SimpleListFilter):
             attention = attention.filter(consumer=consumer)
         names.update(attention.order_by().values_list("event_type", flat=True).distinct()[:200])
         return [(name, name) for name in sorted(names)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        return queryset.filter(event_type=value) if value else queryset
 
 
 class ReceivedFilter(admin.SimpleListFilter):

@@ -54,34 +54,24 @@ def _error_item(entry: dict[str, Any], *, errors: bool) -> SafeString:
         if entry.get("retry_at")
         else ""
     )
-    if not errors:  # error messages and tracebacks may quote the payload
-        return format_html(
-            '<li class="inbox-event inbox-event-error"><time>{}</time> '
-            "<strong>Attempt {} failed</strong> → {}{}<br><code>{}</code></li>",
-            _when(entry.get("at")),
-            entry.get("attempt", "?"),
-            entry.get("outcome", ""),
-            retry,
-            entry.get("type", ""),
-        )
-    traceback = (
-        format_html(
-            '<details><summary>Traceback</summary><pre class="inbox-traceback">{}</pre></details>',
-            entry["traceback"],
-        )
-        if entry.get("traceback")
-        else ""
-    )
+    text: SafeString | str = ""  # error messages and tracebacks may quote the payload
+    if errors:
+        text = format_html(": {}", entry.get("message", ""))
+        if entry.get("traceback"):
+            text += format_html(
+                '<details><summary>Traceback</summary><pre class="inbox-traceback">{}</pre>'
+                "</details>",
+                entry["traceback"],
+            )
     return format_html(
         '<li class="inbox-event inbox-event-error"><time>{}</time> '
-        "<strong>Attempt {} failed</strong> → {}{}<br><code>{}</code>: {}{}</li>",
+        "<strong>Attempt {} failed</strong> → {}{}<br><code>{}</code>{}</li>",
         _when(entry.get("at")),
         entry.get("attempt", "?"),
         entry.get("outcome", ""),
         retry,
         entry.get("type", ""),
-        entry.get("message", ""),
-        traceback,
+        text,
     )
 
 

@@ -99,6 +99,20 @@ def labels(consumer: str, event_type: str) -> tuple[str, str]:
     )
 
 
+#: The gauges read from the database at scrape time: key, metric name, help.
+GAUGES = {
+    "pending": ("inbox_pending", "Messages still to process (received, failed, in progress)."),
+    "in_progress": ("inbox_in_progress", "Messages a worker holds now."),
+    "stuck": ("inbox_stuck", "Messages in progress past their lease (dead or hung worker)."),
+    "dead": ("inbox_dead", "Dead messages waiting for an operator."),
+    "parked": ("inbox_parked", "Parked messages waiting for an operator."),
+    "age": (
+        "inbox_oldest_pending_age_seconds",
+        "How long the longest-waiting due message has waited for a worker.",
+    ),
+}
+
+
 class StatsCollector(Collector):
     """Gauges read from the database at scrape time (``inbox_stats``'s numbers)."""
 
@@ -109,30 +123,8 @@ class StatsCollector(Collector):
 
     def _families(self) -> dict[str, GaugeMetricFamily]:
         return {
-            "pending": GaugeMetricFamily(
-                "inbox_pending",
-                "Messages still to process (received, failed, in progress).",
-                labels=["consumer"],
-            ),
-            "in_progress": GaugeMetricFamily(
-                "inbox_in_progress", "Messages a worker holds now.", labels=["consumer"]
-            ),
-            "stuck": GaugeMetricFamily(
-                "inbox_stuck",
-                "Messages in progress past their lease (dead or hung worker).",
-                labels=["consumer"],
-            ),
-            "dead": GaugeMetricFamily(
-                "inbox_dead", "Dead messages waiting for an operator.", labels=["consumer"]
-            ),
-            "parked": GaugeMetricFamily(
-                "inbox_parked", "Parked messages waiting for an operator.", labels=["consumer"]
-            ),
-            "age": GaugeMetricFamily(
-                "inbox_oldest_pending_age_seconds",
-                "How long the longest-waiting due message has waited for a worker.",
-                labels=["consumer"],
-            ),
+            key: GaugeMetricFamily(name, documentation, labels=["consumer"])
+            for key, (name, documentation) in GAUGES.items()
         }
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

@@ -109,6 +109,11 @@ def require_migrated(*, wait: bool) -> None:
         )
 
 
+def add_commit_every_option(parser: CommandParser, help: str) -> None:
+    """``--commit-every N``: messages per transaction (the consumer's ``commit_every``)."""
+    parser.add_argument("--commit-every", type=int, default=None, metavar="N", help=help)
+
+
 def add_metrics_option(parser: CommandParser) -> None:
     parser.add_argument(
         "--metrics-port",

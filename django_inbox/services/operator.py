@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from django.db import connections, transaction
 from django.db.models import Count, QuerySet
@@ -49,16 +49,25 @@ class ActionResult:
         return sum(self.changed.values())
 
 
+class ActionOptions(TypedDict, total=False):
+    """The keyword arguments every action takes (see the API reference)."""
+
+    #: Who acts, for the history: ``user@host (command)``, ``alice (admin user 3)``.
+    actor: Required[str]
+    #: Why; kept in each changed row's history.
+    reason: str
+    #: Count what would change; change and lock nothing.
+    dry_run: bool
+    #: How: ``"command"``, ``"admin"``; ``"python"`` by default.
+    via: str
+    #: Rows locked and changed per transaction (500).
+    batch_size: int
+    #: How many changed rows :attr:`ActionResult.rows` lists (100; ``None``: all).
+    keep: int | None
+
+
 def replay(
-    rows: QuerySet[InboxMessage],
-    *,
-    actor: str,
-    reason: str = "",
-    force: bool = False,
-    dry_run: bool = False,
-    via: str = "python",
-    batch_size: int = 500,
-    keep: int | None = 100,
+    rows: QuerySet[InboxMessage], *, force: bool = False, **options: Unpack[ActionOptions]
 ) -> ActionResult:
     """Send ``dead`` and ``parked`` rows (and, with ``force``, ``completed`` ones) back to
     ``received``, due now, with a fresh set of attempts and their history kept.
@@ -91,48 +100,26 @@ def replay(
             "processed_at": None,
         }
 
-    return _act(
-        "replay", rows, statuses, decide, change, actor, reason, dry_run, via, batch_size, keep
-    )
+    return _act("replay", rows, statuses, decide, change, options)
 
 
-def park(
-    rows: QuerySet[InboxMessage],
-    *,
-    actor: str,
-    reason: str = "",
-    dry_run: bool = False,
-    via: str = "python",
-    batch_size: int = 500,
-    keep: int | None = 100,
-) -> ActionResult:
+def park(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> ActionResult:
     """Set ``received``, ``failed`` and ``dead`` rows aside as ``parked``: no worker takes them
     until they are replayed. A row being processed (``in_progress``) cannot be parked."""
 
     def change(now: datetime) -> dict[str, Any]:
         return {"status": Status.PARKED, "next_attempt_at": None}
 
-    return _act("park", rows, PARKABLE, None, change, actor, reason, dry_run, via, batch_size, keep)
+    return _act("park", rows, PARKABLE, None, change, options)
 
 
-def retry_now(
-    rows: QuerySet[InboxMessage],
-    *,
-    actor: str,
-    reason: str = "",
-    dry_run: bool = False,
-    via: str = "python",
-    batch_size: int = 500,
-    keep: int | None = 100,
-) -> ActionResult:
+def retry_now(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> ActionResult:
     """Make ``failed`` rows due now instead of after their backoff; attempts are kept."""
 
     def change(now: datetime) -> dict[str, Any]:
         return {"next_attempt_at": now}
 
-    return _act(
-        "retry", rows, RETRYABLE, None, change, actor, reason, dry_run, via, batch_size, keep
-    )
+    return _act("retry", rows, RETRYABLE, None, change, options)
 
 
 def _act(
@@ -141,13 +128,18 @@ def _act(
     statuses: tuple[str, ...],
     decide: Any,
     change: Any,
-    actor: str,
-    reason: str,
-    dry_run: bool,
-    via: str,
-    batch_size: int,
-    keep: int | None,
+    options: ActionOptions,
 ) -> ActionResult:
+    unknown = set(options) - set(ActionOptions.__annotations__)
+    if unknown or "actor" not in options:
+        raise TypeError(
+            f"{action}: unexpected keyword argument(s) {sorted(unknown)!r}"
+            if unknown
+            else f"{action}: the keyword argument 'actor' is required"
+        )
+    actor, reason, via = options["actor"], options.get("reason", ""), options.get("via", "python")
+    dry_run, batch_size = options.get("dry_run", False), options.get("batch_size", 500)
+    keep = options.get("keep", 100)
     using = inbox_settings.database
     result = ActionResult(action=action, dry_run=dry_run)
     other = rows.exclude(status__in=statuses).order_by().values("status").annotate(n=Count("pk"))

@@ -3,29 +3,21 @@ PYTEST_DONT_REWRITE."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar, Unpack
 
+from ..message import MessageFields
 from ..outcomes import Outcome
 from .crash import simulate_crash
 
 T = TypeVar("T")
 
 
-def check_exactly_once(
-    effect: Callable[[], T],
-    *,
-    consumer: str,
-    message_id: str,
-    event_type: str,
-    payload: Any,
-    headers: Mapping[str, Any] | None = None,
-    source: str | None = "",
-    key: str | None = "",
-) -> T:
+def check_exactly_once(effect: Callable[[], T], **message: Unpack[MessageFields]) -> T:
     """Check that a handler's effect happens exactly once through a crash and a duplicate.
 
-    ``effect`` reads the state the handler changes (a count, a balance, lines of a file)
+    The message is given as :func:`~django_inbox.deliver`'s keyword arguments; ``effect``
+    reads the state the handler changes (a count, a balance, lines of a file)
     and returns something comparable with ``==``. The check runs :func:`simulate_crash` on
     the message (use a new message id), then delivers it once more, and raises
     ``AssertionError`` unless:
@@ -39,15 +31,7 @@ def check_exactly_once(
     Returns ``effect()`` after the message was processed, for your own assertion of its
     exact value.
     """
-    message: dict[str, Any] = {
-        "consumer": consumer,
-        "message_id": message_id,
-        "event_type": event_type,
-        "payload": payload,
-        "headers": headers,
-        "source": source,
-        "key": key,
-    }
+    consumer, message_id = message["consumer"], message["message_id"]
     before = effect()
 
     def nothing_half_done() -> None:

@@ -4,11 +4,12 @@ inbox committed. PYTEST_DONT_REWRITE."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
+from ..message import MessageFields
 from ..outcomes import Outcome
 from ..registry import registry
 
@@ -83,17 +84,10 @@ def crash_after_handler(consumer: str, event_type: str, *, times: int = 1) -> It
 
 
 def simulate_crash(
-    *,
-    consumer: str,
-    message_id: str,
-    event_type: str,
-    payload: Any,
-    headers: Mapping[str, Any] | None = None,
-    source: str | None = "",
-    key: str | None = "",
-    after_crash: Callable[[], object] | None = None,
+    *, after_crash: Callable[[], object] | None = None, **message: Unpack[MessageFields]
 ) -> Outcome:
     """Deliver a new message whose first attempt dies before its commit, then redeliver it.
+    The message is given as :func:`~django_inbox.deliver`'s keyword arguments.
 
     1. :func:`~django_inbox.deliver` runs the handler inside the inbox's transaction, and
        the process "dies" (:class:`SimulatedCrash`) after the handler returns (or raises),
@@ -115,22 +109,14 @@ def simulate_crash(
     from ..delivery import deliver
     from ..models import InboxMessage
 
-    message: dict[str, Any] = {
-        "consumer": consumer,
-        "message_id": message_id,
-        "event_type": event_type,
-        "payload": payload,
-        "headers": headers,
-        "source": source,
-        "key": key,
-    }
+    consumer, message_id = message["consumer"], message["message_id"]
     rows = InboxMessage.objects.using(inbox_settings.database)
     if rows.filter(consumer=consumer, message_id=message_id).exists():
         raise AssertionError(
             f"simulate_crash() needs a message the inbox has not seen: {consumer}:{message_id} "
             "is already stored, so its delivery would not run the handler as a first attempt"
         )
-    with crash_after_handler(consumer, event_type):
+    with crash_after_handler(consumer, message["event_type"]):
         try:
             outcome = deliver(**message)
         except SimulatedCrash:

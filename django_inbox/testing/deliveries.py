@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Unpack
 
+from ..message import MessageFields
 from ..outcomes import Outcome
 
 
-def deliver_times(
-    n: int,
-    *,
-    consumer: str,
-    message_id: str,
-    event_type: str,
-    payload: Any,
-    headers: Mapping[str, Any] | None = None,
-    source: str | None = "",
-    key: str | None = "",
-) -> list[Outcome]:
+def deliver_times(n: int, **message: Unpack[MessageFields]) -> list[Outcome]:
     """Deliver the same message ``n`` times with :func:`~django_inbox.deliver`; the outcomes.
+    The message is given as ``deliver()``'s keyword arguments.
 
     A handler that succeeds gives ``[PROCESSED, DUPLICATE, DUPLICATE, …]``. A failure is
     recorded and retried by the next delivery only once its backoff has passed (before that
@@ -29,30 +20,10 @@ def deliver_times(
         raise ValueError(f"n must be a positive integer, got {n!r}")
     from ..delivery import deliver
 
-    return [
-        deliver(
-            consumer=consumer,
-            message_id=message_id,
-            event_type=event_type,
-            payload=payload,
-            headers=headers,
-            source=source,
-            key=key,
-        )
-        for _ in range(n)
-    ]
+    return [deliver(**message) for _ in range(n)]
 
 
-def deliver_twice(
-    *,
-    consumer: str,
-    message_id: str,
-    event_type: str,
-    payload: Any,
-    headers: Mapping[str, Any] | None = None,
-    source: str | None = "",
-    key: str | None = "",
-) -> tuple[Outcome, Outcome]:
+def deliver_twice(**message: Unpack[MessageFields]) -> tuple[Outcome, Outcome]:
     """Deliver the same message twice, as a broker does after a lost acknowledgement.
 
     Returns both outcomes: ``(PROCESSED, DUPLICATE)`` for a handler that succeeds. Assert
@@ -60,14 +31,5 @@ def deliver_twice(
     handler, so this proves your consumer name and message id are stable; it cannot catch a
     handler that writes outside the inbox's transaction: :func:`simulate_crash` does.
     """
-    first, second = deliver_times(
-        2,
-        consumer=consumer,
-        message_id=message_id,
-        event_type=event_type,
-        payload=payload,
-        headers=headers,
-        source=source,
-        key=key,
-    )
+    first, second = deliver_times(2, **message)
     return first, second

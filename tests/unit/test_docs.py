@@ -87,7 +87,7 @@ def test_every_public_name_is_in_the_api_reference(name: str) -> None:
 
 def test_every_check_id_is_documented() -> None:
     source = (Path(django_inbox.__file__).parent / "checks.py").read_text()
-    ids = sorted(set(re.findall(r'id="django_inbox\.([EW]\d{3})"', source)))
+    ids = sorted(set(re.findall(r'"django_inbox\.([EW]\d{3})"', source)))
     assert ids, "no check ids found"
     text = read("checks.md")
     missing = [check for check in ids if not re.search(rf"^### {check}\s*$", text, re.M)]

@@ -19,6 +19,7 @@ from ...services import (
 from ..base import (
     MISCONFIGURED,
     InboxCommand,
+    add_commit_every_option,
     add_metrics_option,
     add_stop_options,
     seconds,
@@ -92,12 +93,9 @@ class Command(InboxCommand):
                 "(default: on with --ack after-process, off with after-store)."
             ),
         )
-        parser.add_argument(
-            "--commit-every",
-            type=int,
-            default=None,
-            metavar="N",
-            help=(
+        add_commit_every_option(
+            parser,
+            (
                 "With --ack after-process, deliver up to N waiting messages in one transaction "
                 "and ack them after its commit (default: the consumer's commit_every, "
                 "INBOX_COMMIT_EVERY = 1). On a handler failure the batch is rerun one message "

@@ -6,7 +6,14 @@ from django.core.management.base import CommandError, CommandParser
 
 from ...registry import registry
 from ...services import Worker
-from ..base import InboxCommand, add_metrics_option, add_stop_options, seconds, start_metrics
+from ..base import (
+    InboxCommand,
+    add_commit_every_option,
+    add_metrics_option,
+    add_stop_options,
+    seconds,
+    start_metrics,
+)
 
 
 class Command(InboxCommand):
@@ -35,12 +42,9 @@ class Command(InboxCommand):
         )
         add_stop_options(parser, "due messages")
         add_metrics_option(parser)
-        parser.add_argument(
-            "--commit-every",
-            type=int,
-            default=None,
-            metavar="N",
-            help=(
+        add_commit_every_option(
+            parser,
+            (
                 "Run N messages per transaction (default: each consumer's commit_every, "
                 "INBOX_COMMIT_EVERY = 1). Faster; on a failure the batch is rolled back and "
                 "rerun one message per transaction, so handlers may run twice."
