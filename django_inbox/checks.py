@@ -289,4 +289,35 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="django_inbox.W002",
             )
         )
+    errors += _reconnecting(alias, config, engine)
     return errors
+
+
+#: Below this ``CONN_MAX_AGE`` (seconds), W004 says workers reconnect too often.
+RECONNECT_WARNING_SECONDS = 300
+
+
+def _reconnecting(alias: str, config: dict[str, Any], engine: str) -> list[CheckMessage]:
+    """W004: a ``CONN_MAX_AGE`` that makes long-running inbox commands reconnect often.
+
+    They keep their connection while it is healthy under ``0`` (Django's default) and
+    ``None``; a positive number still ends it at that age. On PostgreSQL each new connection
+    is a new server process, and the inbox's prepared statements are prepared again.
+    """
+    max_age = config.get("CONN_MAX_AGE", 0)
+    if "postgresql" not in engine or isinstance(max_age, bool):
+        return []
+    if not isinstance(max_age, int | float) or not 0 < max_age < RECONNECT_WARNING_SECONDS:
+        return []
+    return [
+        Warning(
+            f"DATABASES[{alias!r}] sets CONN_MAX_AGE = {max_age!r}: inbox_process and "
+            f"inbox_consume reconnect every {max_age!r} seconds.",
+            hint=(
+                "Workers keep their connection while it is healthy under CONN_MAX_AGE = 0 "
+                "(Django's default) or None; use one of those, or a value of "
+                f"{RECONNECT_WARNING_SECONDS} seconds or more."
+            ),
+            id="django_inbox.W004",
+        )
+    ]

@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_POLL_INTERVAL": 1.0,
     "INBOX_ADMIN": True,
     "INBOX_METRICS": False,
+    "INBOX_PREPARED_STATEMENTS": True,
 }
 
 #: Keys a consumer may override in ``INBOX_CONSUMERS`` and the global setting each one defaults to.
@@ -188,6 +189,10 @@ class InboxSettings:
     @property
     def metrics(self) -> bool:
         return bool(self._get("INBOX_METRICS"))
+
+    @property
+    def prepared_statements(self) -> bool:
+        return bool(self._get("INBOX_PREPARED_STATEMENTS"))
 
     def policy(self, consumer: str) -> Policy:
         """The policy for ``consumer``: ``INBOX_CONSUMERS[consumer]`` over the global settings."""

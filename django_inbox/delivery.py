@@ -36,7 +36,7 @@ from .models import InboxMessage
 from .outcomes import Outcome
 from .registry import Handler, registry
 from .retry import RetryPolicy
-from .rows import NewRow, fresh, insert, insert_completed, materialise, prepare
+from .rows import NewRow, fresh, insert, insert_completed, insert_or_status, materialise, prepare
 from .storing import unhandled
 
 logger = logging.getLogger("django_inbox")
@@ -51,6 +51,14 @@ _STATUS_OUTCOMES = {
     # A ``received`` row we could not claim is being claimed by a worker right now.
     Status.RECEIVED: Outcome.IN_PROGRESS,
 }
+
+#: Consumers whose last delivery in this process was a duplicate. Duplicates come in runs (a
+#: broker redelivering a backlog after a restart, a producer re-sending a batch): while one
+#: lasts, a message is first looked up with one read-only query, no transaction, which is
+#: all a duplicate then costs. The first new message ends the run (and paid one query more).
+_duplicate_run: set[str] = set()
+#: ``_deliver_existing``'s ``status`` when the status is not known yet.
+_UNKNOWN = "?"
 
 
 def deliver(
@@ -147,8 +155,15 @@ def _deliver_row(
     if handler is None:
         outcome = unhandled(row, using)
         return outcome if outcome is not None else _deliver_existing(row, using, again=again)
-    if redelivered:
-        return _deliver_redelivered(row, using)
+    if redelivered or row.consumer in _duplicate_run:
+        status = statements.current_status(row.consumer, row.message_id, using)
+        if status is not None:
+            # A redelivered message is never delivered as new, even if its row vanishes.
+            again = again and not redelivered
+            return _deliver_existing(row, using, again=again, status=status)
+        _duplicate_run.discard(row.consumer)
+        if redelivered:
+            return _deliver_redelivered(row, using)
 
     now = timezone.now()
     row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
@@ -157,7 +172,7 @@ def _deliver_row(
     started = time.perf_counter()
     try:
         with committing(using, lambda: [] if pk is None else [pk]):
-            pk = insert(row, now, using)
+            pk, status = insert_or_status(row, now, using)
             if pk is not None:
                 message = materialise(row, pk, using)
                 run_handler(handler, message, using)
@@ -169,7 +184,7 @@ def _deliver_row(
         duration = time.perf_counter() - started
         return _record_first_failure(row, exc, handler, using, duration)
     if message is None:
-        return _deliver_existing(row, using, again=again)
+        return _deliver_existing(row, using, again=again, status=status or _UNKNOWN)
     processed(message, time.perf_counter() - started, using)
     return Outcome.PROCESSED
 
@@ -192,8 +207,11 @@ def _deliver_redelivered(row: NewRow, using: str) -> Outcome:
     row.status, row.attempts, row.next_attempt_at = Status.FAILED, 1, now
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
-    insert(row, now, using)
-    return _deliver_existing(row, using, again=False)
+    pk, status = insert_or_status(row, now, using)
+    # A row that appeared since our look (or was purged again) is not new: never deliver a
+    # redelivered message as a first delivery.
+    known = Status.FAILED if pk is not None else status or _UNKNOWN
+    return _deliver_existing(row, using, again=False, status=known)
 
 
 def _record_first_failure(
@@ -219,10 +237,15 @@ def _record_first_failure(
     return Outcome(status)
 
 
-def _deliver_existing(row: NewRow, using: str, *, again: bool = True) -> Outcome:
-    """The message's row exists: report it, or process it if it is due and free."""
-    status = statements.current_status(row.consumer, row.message_id, using)
+def _deliver_existing(
+    row: NewRow, using: str, *, again: bool = True, status: str | None = _UNKNOWN
+) -> Outcome:
+    """The message's row exists: report it, or process it if it is due and free. ``status``
+    is the row's status if the caller has just read it."""
+    if status == _UNKNOWN:
+        status = statements.current_status(row.consumer, row.message_id, using)
     if status == Status.COMPLETED:
+        _duplicate_run.add(row.consumer)
         events.event("duplicate", **events.about(row, using, attempt=0))
         return Outcome.DUPLICATE
     if status in (Status.RECEIVED, Status.FAILED, Status.IN_PROGRESS):

@@ -19,7 +19,9 @@ from .models import InboxMessage
 from .text import storable_json
 from .validation import CONSUMER_MAX, clean_message_id, clean_text, encode_json
 
-__all__ = ["NewRow", "fresh", "insert", "insert_completed", "materialise", "prepare"]
+__all__ = [
+    "NewRow", "fresh", "insert", "insert_completed", "insert_or_status", "materialise", "prepare",
+]  # fmt: skip
 
 
 def prepare(**message: Unpack[MessageFields]) -> NewRow:
@@ -62,6 +64,15 @@ def insert(row: NewRow, now: datetime, using: str) -> int | None:
     if pk is not None:
         _received(row, pk, using)
     return pk
+
+
+def insert_or_status(row: NewRow, now: datetime, using: str) -> tuple[int | None, str | None]:
+    """Insert ``row``: ``(new id, None)``, or ``(None, the existing row's status)`` (``None``
+    when the existing row was committed too recently to be seen, or is gone again)."""
+    pk, status = statements.insert_or_status(row, now, using)
+    if pk is not None:
+        _received(row, pk, using)
+    return pk, status
 
 
 def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tuple[str, str], int]:

@@ -100,3 +100,17 @@ def handler(
         yield
     finally:
         registry.unregister(consumer, event_type)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_delivery_memory() -> Iterator[None]:
+    """Per-process memory of the hot path starts empty in every test: the consumers in a run
+    of duplicates, and whether prepared statements were stopped."""
+    from django_inbox import delivery
+    from django_inbox.db import preparing
+
+    delivery._duplicate_run.clear()
+    preparing.state.reset()
+    yield
+    delivery._duplicate_run.clear()
+    preparing.state.reset()

@@ -21,6 +21,8 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
+from .preparing import lost_prepared_statement
+
 logger = logging.getLogger("django_inbox")
 
 #: SQLSTATEs that close the connection but are the handler's doing: it sat idle inside its
@@ -94,8 +96,13 @@ def connection_lost(exc: BaseException, using: str) -> bool:
     server closed it because the handler sat idle in its transaction past a timeout. The
     attempt that was running is then not the handler's failure. A statement timeout, a lock
     timeout, a deadlock or a serialisation failure leave the connection usable: they count as
-    the handler's failed attempt, so a query that times out every time ends ``dead``.
+    the handler's failed attempt, so a query that times out every time ends ``dead``. So does
+    a transaction lost to a prepared statement the server no longer knows (see
+    :mod:`django_inbox.db.preparing`): the connection is fine, the attempt was not the
+    handler's.
     """
+    if lost_prepared_statement(exc):
+        return True
     state = _sqlstate(exc)
     if state in HANDLER_TIMEOUTS:
         return False

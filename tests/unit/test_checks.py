@@ -234,7 +234,7 @@ def test_e008_unknown_database_alias() -> None:
     assert "'inbox_db'" in text
 
 
-# --- E009 / W002: DATABASES-related, checked by calling check_database() directly -------------
+# --- E009 / W002 / W004: DATABASES-related, checked by calling check_database() directly ----------
 
 
 @pytest.fixture
@@ -285,6 +285,29 @@ def test_supported_engines_pass(databases, engine: str) -> None:  # type: ignore
 
 def test_check_database_only_looks_at_the_inbox_alias(databases) -> None:  # type: ignore[no-untyped-def]
     with databases(other={"ENGINE": "django.db.backends.oracle", "AUTOCOMMIT": False}):
+        assert check_database() == []
+
+
+@pytest.mark.parametrize("max_age", [1, 60, 299.5])
+def test_w004_a_short_conn_max_age_makes_workers_reconnect(databases, max_age: float) -> None:  # type: ignore[no-untyped-def]
+    inbox = {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": max_age}
+    with databases(inbox=inbox), override_settings(INBOX_DATABASE="inbox"):
+        errors = check_database()
+    assert ids(errors) == ["django_inbox.W004"]
+    assert f"reconnect every {max_age!r} seconds" in errors[0].msg
+    assert "CONN_MAX_AGE = 0" in (errors[0].hint or "")
+
+
+@pytest.mark.parametrize("max_age", [0, None, 300, 3600, True, "60"])
+def test_w004_not_for_ages_that_keep_the_connection(databases, max_age: Any) -> None:  # type: ignore[no-untyped-def]
+    inbox = {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": max_age}
+    with databases(inbox=inbox), override_settings(INBOX_DATABASE="inbox"):
+        assert check_database() == []
+
+
+def test_w004_only_on_postgresql(databases) -> None:  # type: ignore[no-untyped-def]
+    inbox = {"ENGINE": "django.db.backends.sqlite3", "CONN_MAX_AGE": 10}
+    with databases(inbox=inbox), override_settings(INBOX_DATABASE="inbox"):
         assert check_database() == []
 
 

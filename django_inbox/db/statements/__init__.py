@@ -25,6 +25,7 @@ from .hot import (
     current_status_sql,
     insert,
     insert_completed,
+    insert_or_status,
 )
 from .upkeep import delete_selected, distinct_consumers, estimated_rows, update_appending_history
 
@@ -40,5 +41,6 @@ __all__ = [
     "estimated_rows",
     "insert",
     "insert_completed",
+    "insert_or_status",
     "update_appending_history",
 ]

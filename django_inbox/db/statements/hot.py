@@ -10,6 +10,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 
 from ...models import InboxMessage
+from .. import preparing
 from .common import (
     COLUMNS,
     JSON_COLUMNS,
@@ -38,31 +39,31 @@ def _literal(column: str, value: Any, vendor: str) -> str | None:
     return None
 
 
-def _insert_sql(using: str, shape: tuple[str, ...]) -> str:
-    return cached_sql(
-        using,
-        shape,
-        lambda quote, table: (
+def _insert_sql(using: str, shape: tuple[str, ...], with_status: bool) -> str:
+    def build(quote: Any, table: str) -> str:
+        insert = (
             f"INSERT INTO {table} ({', '.join(quote(c) for c in COLUMNS)}) "
             f"VALUES ({', '.join(shape)}) "
             f"ON CONFLICT ({quote('consumer')}, {quote('message_id')}) DO NOTHING "
             f"RETURNING {quote('id')}"
-        ),
-    )
+        )
+        if not with_status:
+            return insert
+        return (
+            f"WITH inserted AS ({insert}) SELECT {quote('id')}, NULL FROM inserted UNION ALL "
+            f"SELECT NULL, {quote('status')} FROM {table} WHERE {quote('consumer')} = %s "
+            f"AND {quote('message_id')} = %s AND NOT EXISTS (SELECT FROM inserted)"
+        )
+
+    return cached_sql(using, ("insert", shape, with_status), build)
 
 
-def insert(row: NewRow, now: datetime, using: str) -> int | None:
-    """``INSERT … ON CONFLICT DO NOTHING RETURNING id``: the new id, ``None`` for a duplicate.
-
-    Values that are the same for many rows (statuses, empty strings, NULLs) are written into
-    the SQL, so only the message's own values travel as parameters. Databases without
-    ``ON CONFLICT`` insert under a savepoint and take the unique violation for a duplicate.
-    """
-    connection = connections[using]
+def _shape(row: NewRow, now: datetime, connection: Any) -> tuple[tuple[str, ...], list[Any]]:
+    """The VALUES of ``row`` and their parameters. Values that are the same for many rows
+    (statuses, empty strings, NULLs) are written into the SQL, so only the message's own
+    values travel as parameters and a few statement texts cover every row."""
     values = {**vars(row), "received_at": now, "updated_at": now}
     vendor = connection.vendor
-    if vendor not in ("postgresql", "sqlite"):
-        return _insert_with_savepoint(values, using)
     adapt = connection.ops.adapt_datetimefield_value
     placeholder = "%s::jsonb" if vendor == "postgresql" else "%s"
     shape: list[str] = []
@@ -75,14 +76,55 @@ def insert(row: NewRow, now: datetime, using: str) -> int | None:
             continue
         shape.append(placeholder if column in JSON_COLUMNS else "%s")
         params.append(adapt(value) if isinstance(value, datetime) else value)
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(using, tuple(shape)), params)
+    return tuple(shape), params
+
+
+def insert(row: NewRow, now: datetime, using: str) -> int | None:
+    """``INSERT … ON CONFLICT DO NOTHING RETURNING id``: the new id, ``None`` for a duplicate.
+
+    Databases without ``ON CONFLICT`` insert under a savepoint and take the unique violation
+    for a duplicate.
+    """
+    connection = connections[using]
+    if connection.vendor not in ("postgresql", "sqlite"):
+        return _insert_with_savepoint(row, now, using)
+    shape, params = _shape(row, now, connection)
+    with preparing.cursor(using) as cursor:
+        cursor.execute(_insert_sql(using, shape, False), params)
         found = cursor.fetchone()
     return None if found is None else int(found[0])
 
 
-def _insert_with_savepoint(values: dict[str, Any], using: str) -> int | None:
-    fields = {**values}
+def insert_or_status(row: NewRow, now: datetime, using: str) -> tuple[int | None, str | None]:
+    """Insert ``row`` unless ``(consumer, message_id)`` exists: ``(new id, None)``, or
+    ``(None, status of the existing row)``.
+
+    On PostgreSQL one statement does both, so a duplicate costs one round trip: ``WITH
+    inserted AS (INSERT … ON CONFLICT DO NOTHING RETURNING id)`` and, when nothing was
+    inserted, the existing row's status. The status can be ``None`` there too: a row
+    committed by a concurrent transaction after this statement's snapshot was taken is not
+    visible to it (ask :func:`current_status` then). Other databases ask separately.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        pk = insert(row, now, using)
+        return (pk, None) if pk is not None else (None, current_status(*_key(row), using))
+    shape, params = _shape(row, now, connection)
+    with preparing.cursor(using) as cursor:
+        cursor.execute(_insert_sql(using, shape, True), [*params, *_key(row)])
+        found = cursor.fetchone()
+    if found is None:
+        return None, None  # committed after our snapshot: see the docstring
+    pk, status = found
+    return (int(pk), None) if pk is not None else (None, str(status))
+
+
+def _key(row: NewRow) -> tuple[str, str]:
+    return row.consumer, row.message_id
+
+
+def _insert_with_savepoint(row: NewRow, now: datetime, using: str) -> int | None:
+    fields: dict[str, Any] = {**vars(row), "received_at": now, "updated_at": now}
     for name in JSON_COLUMNS:
         fields[name] = json.loads(fields[name])
     try:
@@ -157,7 +199,7 @@ def current_status_sql(using: str) -> str:
 
 def current_status(consumer: str, message_id: str, using: str) -> str | None:
     """The status of ``(consumer, message_id)``, ``None`` if it has no row."""
-    with connections[using].cursor() as cursor:
+    with preparing.cursor(using) as cursor:
         cursor.execute(current_status_sql(using), [consumer, message_id])
         found = cursor.fetchone()
     return None if found is None else str(found[0])
@@ -199,7 +241,7 @@ def claim_fresh(
     """
     connection = connections[using]
     names = [field.attname for field in InboxMessage._meta.concrete_fields]
-    with connection.cursor() as cursor:
+    with preparing.cursor(using) as cursor:
         cursor.execute(claim_fresh_sql(using), [lease_id, until, until, now, consumer, now, limit])
         found = cursor.fetchall()
     json_fields = {
@@ -234,6 +276,6 @@ def complete(pk: int, lease_id: str, now: datetime, using: str) -> bool:
         ),
     )
     stamp = connection.ops.adapt_datetimefield_value(now)
-    with connection.cursor() as cursor:
+    with preparing.cursor(using) as cursor:
         cursor.execute(sql, [stamp, stamp, pk, lease_id])
         return bool(cursor.rowcount == 1)

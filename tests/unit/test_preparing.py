@@ -1,0 +1,130 @@
+"""The inbox's own statements are prepared on PostgreSQL, and preparing stops safely where the
+server cannot keep prepared statements (a pooler in transaction mode, a schema change)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.db.backends.postgresql.base import DatabaseWrapper
+from django.test import override_settings
+
+from django_inbox import Outcome, deliver
+from django_inbox.db import preparing, statements
+from django_inbox.db.connection import connection_lost
+from django_inbox.models import InboxMessage
+from tests.effects import effect_counts
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+TABLE = InboxMessage._meta.db_table
+
+
+def send(message_id: str) -> Outcome:
+    return deliver(consumer="effects", message_id=message_id, event_type="effect.write", payload={})
+
+
+def prepared() -> list[tuple[str, str]]:
+    """The prepared statements of this session that touch the inbox table: (name, text)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, statement FROM pg_prepared_statements")
+        return [(name, sql) for name, sql in cursor.fetchall() if TABLE in sql]
+
+
+def forget_prepared_statements_behind_psycopgs_back() -> None:
+    """What a pooler in transaction mode does: this server connection no longer knows them."""
+    result = connection.connection.pgconn.exec_(b"DEALLOCATE ALL")
+    assert result.status == 1, result.error_message  # COMMAND_OK
+
+
+def test_the_hot_statements_are_prepared_from_their_second_use() -> None:
+    assert send("a") == Outcome.PROCESSED
+    assert prepared() == [], "a statement sent once is not prepared"
+
+    for message_id in ("b", "c", "b"):
+        send(message_id)
+
+    texts = [sql for _, sql in prepared()]
+    assert any(sql.startswith("WITH inserted AS (INSERT") for sql in texts), texts
+    names = [name for name, _ in prepared()]
+    assert not {"_pg3_0", "_pg3_1"} & set(names), "names start at a random number"
+    assert effect_counts() == {"a": 1, "b": 1, "c": 1}
+
+
+@override_settings(INBOX_PREPARED_STATEMENTS=False)
+def test_the_setting_turns_it_off() -> None:
+    for message_id in ("a", "b", "c", "a"):
+        send(message_id)
+
+    assert prepared() == []
+    assert preparing.enabled("default") is False
+
+
+def test_prepare_threshold_none_written_in_options_turns_it_off() -> None:
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    options["prepare_threshold"] = None
+    try:
+        assert preparing.enabled("default") is False
+    finally:
+        del options["prepare_threshold"]
+    assert preparing.enabled("default") is True
+
+
+def test_a_backend_that_makes_its_own_cursors_keeps_djangos_cursor() -> None:
+    class Instrumented(DatabaseWrapper):
+        def create_cursor(self, name: Any = None) -> Any:
+            return super().create_cursor(name)
+
+    assert preparing._plain_backend(connections["default"]) is True
+    assert preparing._plain_backend(Instrumented(connection.settings_dict)) is False
+
+
+def test_statements_the_server_forgot_are_sent_again_unprepared_outside_a_transaction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    send("a")
+    for _ in range(2):
+        assert statements.current_status("effects", "a", "default") == "completed"
+    assert prepared(), "the status query is prepared"
+    forget_prepared_statements_behind_psycopgs_back()
+
+    with caplog.at_level(logging.WARNING, logger="django_inbox"):
+        status = statements.current_status("effects", "a", "default")
+
+    assert status == "completed"
+    assert preparing.state.stopped is True
+    assert "stops preparing" in caplog.text and "INBOX_PREPARED_STATEMENTS" in caplog.text
+    for message_id in ("b", "c", "b"):
+        send(message_id)
+    assert prepared() == [], "nothing is prepared after the server refused"
+    assert effect_counts() == {"a": 1, "b": 1, "c": 1}
+
+
+def test_a_transaction_lost_to_a_forgotten_statement_is_not_the_handlers_failure() -> None:
+    for message_id in ("a", "b"):
+        send(message_id)  # the insert is prepared on the second
+    forget_prepared_statements_behind_psycopgs_back()
+
+    with pytest.raises(Exception) as raised:
+        send("c")  # the insert runs in deliver()'s transaction, which the error aborts
+
+    assert connection_lost(raised.value, "default") is True
+    assert not InboxMessage.objects.filter(message_id="c").exists(), "nothing is stored"
+    assert send("c") == Outcome.PROCESSED, "the sender's next try goes through, unprepared"
+    assert effect_counts() == {"a": 1, "b": 1, "c": 1}
+
+
+def test_only_prepared_statement_trouble_stops_preparing() -> None:
+    class Failure(Exception):
+        def __init__(self, sqlstate: str, text: str) -> None:
+            super().__init__(text)
+            self.sqlstate = sqlstate
+
+    assert preparing._prepared_statement_trouble(Failure("26000", "does not exist"))
+    assert preparing._prepared_statement_trouble(Failure("42P05", "already exists"))
+    assert preparing._prepared_statement_trouble(
+        Failure("0A000", "cached plan must not change result type")
+    )
+    assert not preparing._prepared_statement_trouble(Failure("0A000", "feature not supported"))
+    assert not preparing._prepared_statement_trouble(Failure("23505", "unique violation"))
