@@ -14,10 +14,11 @@ from typing import Any
 
 from bench.report_consume import ConsumeAnalysis
 from bench.report_limits import Limits
+from bench.report_ratios import RatioTargets
 from bench.report_tables import Tables
 
 
-class Report(Tables, Limits, ConsumeAnalysis):
+class Report(Tables, Limits, ConsumeAnalysis, RatioTargets):
     """The whole report: its tables, its limits, its consumer analysis, as Markdown."""
 
     # --------------------------------------------------------------------- documents
@@ -54,6 +55,11 @@ class Report(Tables, Limits, ConsumeAnalysis):
             "",
             *self.targets_table(),
             "",
+            "## Ratio targets (each against a baseline measured in the same run)",
+            "",
+            *self.ratio_targets_table(),
+            "",
+            *self.extra_sections(),
             "## What limits each figure",
             "",
             *self.limits(),
@@ -96,6 +102,19 @@ class Report(Tables, Limits, ConsumeAnalysis):
         ]
         return "\n".join(lines)
 
+    def extra_sections(self) -> list[str]:
+        """Storage and dedup by table size, and the consumer's memory, when they ran."""
+        lines: list[str] = []
+        if self.data.get("scale"):
+            from bench.scale import render_scale
+
+            lines += [render_scale(self.data["scale"]), ""]
+        if self.data.get("memory"):
+            from bench.memory import render_memory
+
+            lines += [render_memory(self.data["memory"]), ""]
+        return lines
+
     def summary(self) -> str:
         return "\n".join(
             [
@@ -103,6 +122,9 @@ class Report(Tables, Limits, ConsumeAnalysis):
                 "",
                 *self.targets_table(),
                 "",
+                *self.ratio_targets_table(),
+                "",
+                *self.extra_sections(),
                 *self.figures_table(),
                 "",
                 *self.ratios_table(),

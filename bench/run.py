@@ -8,7 +8,11 @@ dropped and created here, dropped again at the end unless ``BENCH_KEEP_DB=1``):
    UPDATE: the handler in a bare ``transaction.atomic()``, raw psycopg, pgbench.
 2. ``inbox_process`` drain throughput: ``store()`` N messages, drain them with the real
    worker in process and as ``manage.py inbox_process`` subprocesses (one, then two).
-3. Duplicate rejection: ``deliver()`` of already-completed ids.
+   2c. The command (start-up included), a bare ``atomic()`` loop with the same handler and
+   procrastinate (pinned, in ``.bench-venv/procrastinate``) running the same UPDATE, on the
+   same number of messages, interleaved.
+3. Duplicate rejection: ``deliver()`` of already-completed ids, against the raw psycopg floor
+   (one prepared ``INSERT … ON CONFLICT`` in autocommit), and new/duplicate alternating.
 4. ``store()`` of new messages, one per transaction.
 5. Broker consumers: RabbitMQ → ``manage.py inbox_consume`` → the handler → ack, against a
    plain kombu consumer (``bench/consume.py``) running the same handler in
@@ -23,14 +27,21 @@ CPU time of this process (client), of its PostgreSQL backend (server, from ``/pr
 the whole machine, so a figure splits into client CPU, server CPU and waiting, and shows
 whether other work shared the cores. Then it counts round trips per operation on the wire
 (libpq trace), times the worker's reconnects, profiles ``deliver()`` and the drain with
-cProfile, and writes ``bench/results/latest.json`` and ``latest.md``.
+cProfile, and writes ``bench/results/latest.json`` and ``latest.md``. Then:
+
+6. Storage and dedup by table size: bytes per row (heap, TOAST, each index) at 1,000,000 and
+   ``BENCH_SCALE_ROWS`` completed rows, and the duplicate rate there against 10,000 rows.
+7. Memory: ``inbox_consume``'s RSS with a ``BENCH_MEMORY_BACKLOG`` backlog at prefetch 100,
+   and with 150 messages of ``BENCH_MEMORY_LARGE_BYTES``, against prefetch x size + 60 MiB.
 
 Knobs (environment): ``BENCH_N`` messages per timed run (5000), ``BENCH_RUNS`` runs per
 figure (3; the median is reported), ``BENCH_DRAIN_N`` messages per drain (100000),
 ``BENCH_DRAIN_RUNS`` in-process drain runs (3), ``BENCH_PGBENCH_SECONDS`` (10),
 ``BENCH_KEEP_DB`` (0: drop ``inbox_bench`` at the end), ``BENCH_CONSUME_N`` messages per
 consumer run (20000), ``BENCH_CONSUME_RUNS`` (``BENCH_RUNS``), ``BENCH_RABBITMQ_URL``,
-``BENCH_REDIS_URL``.
+``BENCH_REDIS_URL``, ``BENCH_DB`` (the database's name, ``inbox_bench``),
+``BENCH_SCALE_ROWS`` (10,000,000), ``BENCH_MEMORY_BACKLOG`` (1,000,000),
+``BENCH_MEMORY_SECONDS`` (60), ``BENCH_MEMORY_LARGE_BYTES`` (10 MiB).
 """
 
 from __future__ import annotations
@@ -72,8 +83,11 @@ from bench.consuming import bench_consume
 from bench.dedup import bench_duplicates, bench_store
 from bench.deliver import bench_deliver, bench_pgbench
 from bench.drain import bench_drain
+from bench.drain_compared import bench_drain_compared
+from bench.memory import bench_memory
 from bench.profiles import profiles
 from bench.round_trips import round_trips
+from bench.scale import bench_scale
 from bench.timing import Series
 
 # ----------------------------------------------------------------------------- main
@@ -100,10 +114,13 @@ def main() -> int:
         figures.update(bench_pgbench())
         figures.update(bench_store())
         figures.update(bench_drain())
+        figures.update(bench_drain_compared())
         consume_figures, consume = bench_consume()
         figures.update(consume_figures)
         wire = round_trips()
         prof = profiles()
+        memory = bench_memory()
+        scale = bench_scale()  # last: it leaves millions of rows behind (then truncates)
     finally:
         if not KEEP_DB:
             drop_database()
@@ -131,6 +148,8 @@ def main() -> int:
         round_trips=wire,
         profiles=prof,
         consume=consume,
+        memory=memory,
+        scale=scale,
     )
     log("\n" + table)
     log(

@@ -3,7 +3,7 @@
 ``DEBUG`` is off, as in production: with ``DEBUG=True`` Django keeps every query in
 ``connection.queries``, which would be measured as inbox overhead.
 
-Two knobs for the broker consumers the benchmark starts as subprocesses (unset otherwise, so
+Knobs for the broker consumers the benchmark starts as subprocesses (unset otherwise, so
 the in-process figures keep the test project's settings):
 
 - ``BENCH_CONN_MAX_AGE``: ``CONN_MAX_AGE`` of the default database, ``none`` for a persistent
@@ -11,6 +11,8 @@ the in-process figures keep the test project's settings):
   which a consumer calls between messages: one new PostgreSQL connection per message.
 - ``BENCH_DB_APPLICATION_NAME``: the connection's ``application_name``, so the benchmark finds
   the consumer's PostgreSQL backend (and its CPU time) in ``pg_stat_activity``.
+- ``BENCH_MAX_PAYLOAD_BYTES``: ``INBOX_MAX_PAYLOAD_BYTES``, so the memory benchmark's consumer
+  of large messages admits them.
 """
 
 import os
@@ -27,3 +29,6 @@ if _conn_max_age is not None:
 _application_name = os.environ.get("BENCH_DB_APPLICATION_NAME")
 if _application_name:
     DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = _application_name  # noqa: F405
+_max_payload = os.environ.get("BENCH_MAX_PAYLOAD_BYTES")
+if _max_payload:
+    INBOX_MAX_PAYLOAD_BYTES = int(_max_payload)
