@@ -11,9 +11,9 @@ from bench.config import ROOT
 from bench.profiles import _where
 
 ROOTS = {
-    # per-message callback, the consuming loop
-    "inbox": ("_on_message", "run"),
-    "plain": ("on_message", "plain"),
+    # per-message callback, the consuming loop, the loop's file
+    "inbox": ("_on_message", "run", "django_inbox/broker/connection.py"),
+    "plain": ("on_message", "plain", "bench/consume.py"),
 }
 
 
@@ -37,7 +37,7 @@ def _waiting_for(name: str, file: str) -> str | None:
 def pyspy_breakdown(raw: str, kind: str, count: int, wall_us: float) -> dict[str, Any]:
     """Wall-clock samples of one consumer (py-spy ``--idle``, raw format) per step of a
     message, and how much of each step waited for PostgreSQL or the broker."""
-    per_message, loop = ROOTS[kind]
+    per_message, loop, loop_file = ROOTS[kind]
     steps: Counter[str] = Counter()
     pg_wait: Counter[str] = Counter()
     waits: Counter[str] = Counter()
@@ -50,7 +50,7 @@ def pyspy_breakdown(raw: str, kind: str, count: int, wall_us: float) -> dict[str
         frames = [_frame(f) for f in stack.split(";")]
         names = [name.rsplit(".", 1)[-1] for name, _ in frames]
         if not any(
-            name == loop and ("consume" in file or "loop.py" in file)
+            name == loop and loop_file in file
             for name, (_, file) in zip(names, frames, strict=True)
         ):
             continue  # start-up, imports, Django set-up, exit
@@ -82,7 +82,7 @@ def pyspy_breakdown(raw: str, kind: str, count: int, wall_us: float) -> dict[str
         if waiting == "PostgreSQL":
             pg_wait[label] += samples
     if not total:
-        return {"messages": count, "samples": 0, "steps": {}}
+        return {"messages": count, "samples": 0, "wall_us_per_msg": round(wall_us, 1), "steps": {}}
     return {
         "messages": count,
         "samples": total,
@@ -183,6 +183,7 @@ STEPS: list[tuple[str, str, str]] = [
     ("loads", "json/", "json.loads of the body"),
     ("prepare", "django_inbox/rows.py", "deliver: prepare (validate, JSON-encode)"),
     ("get", "django_inbox/registry.py", "deliver: registry lookup"),
+    ("insert_or_status", "django_inbox/db/statements/hot.py", "deliver: inbox INSERT (insert)"),
     ("insert", "django_inbox/db/statements/hot.py", "deliver: inbox INSERT (insert)"),
     ("materialise", "django_inbox/rows.py", "deliver: build InboxMessage (materialise)"),
     ("take_one", "bench/inbox_handlers.py", "handler: ORM UPDATE (take_one)"),

@@ -294,7 +294,7 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 
 #: Below this ``CONN_MAX_AGE`` (seconds), W004 says workers reconnect too often.
-RECONNECT_WARNING_SECONDS = 300
+RECONNECT_WARNING_SECONDS = 60
 
 
 def _reconnecting(alias: str, config: dict[str, Any], engine: str) -> list[CheckMessage]:
@@ -315,8 +315,8 @@ def _reconnecting(alias: str, config: dict[str, Any], engine: str) -> list[Check
             f"inbox_consume reconnect every {max_age!r} seconds.",
             hint=(
                 "Workers keep their connection while it is healthy under CONN_MAX_AGE = 0 "
-                "(Django's default) or None; use one of those, or a value of "
-                f"{RECONNECT_WARNING_SECONDS} seconds or more."
+                "(Django's default) or None. Use one of those, or at least "
+                f"{RECONNECT_WARNING_SECONDS} seconds, in the settings the workers run with."
             ),
             id="django_inbox.W004",
         )

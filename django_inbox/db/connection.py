@@ -194,7 +194,19 @@ class Outage:
         self.since: float | None = None
 
     def wait(self, exc: BaseException) -> None:
-        """The database was lost (``exc``): drop the connection, wait before the next try."""
+        """The database was lost (``exc``): drop the connection, wait before the next try.
+
+        A transaction lost to a prepared statement the server no longer knows is no outage:
+        the connection is healthy and the inbox has stopped preparing, so the work is tried
+        again at once."""
+        if lost_prepared_statement(exc):
+            logger.warning(
+                "%s: a transaction was lost with a prepared statement (%s); trying again "
+                "unprepared",
+                self.name,
+                describe(exc),
+            )
+            return
         delay = self.backoff.next()
         if self.since is None:
             self.since = time.monotonic()

@@ -13,7 +13,7 @@ It stays off where it cannot be correct, and turns itself off where it turns out
 - ``INBOX_PREPARED_STATEMENTS = False``, ``OPTIONS = {"prepare_threshold": None}`` written out
   in the settings, psycopg 2, or a backend with its own cursor (a wrapping backend) keep
   Django's plain cursor.
-- A connection pooler that does not carry prepared statements (PgBouncer before 1.21, or
+- A connection pooler that does not carry prepared statements (PgBouncer before 1.22, or
   without ``max_prepared_statements``, in transaction mode) answers "prepared statement …
   does not exist" (26000) or "… already exists" (42P05); a schema change answers "cached plan
   must not change result type" (0A000). The first such answer stops preparing for the whole
@@ -21,8 +21,14 @@ It stays off where it cannot be correct, and turns itself off where it turns out
   inside one, the transaction is lost: :func:`lost_prepared_statement` tells
   :func:`~django_inbox.db.connection.connection_lost` that it is infrastructure, so the
   attempt is not counted against the message.
-- Statement names start at a random number on each connection, so that two processes whose
-  statements a pooler mixes up on one server connection do not reuse each other's names.
+- Statement names jump to a random number on each connection the inbox uses, so that two
+  processes whose statements a pooler mixes up on one server connection do not reuse each
+  other's names.
+
+psycopg forgets every prepared statement of a connection at a ``ROLLBACK`` (a handler's
+failure, a savepoint rolled back) and sends ``DEALLOCATE ALL``; the inbox's statements are
+prepared again on their next use. Tools that instrument psycopg's cursor factory do not see
+these statements (Django's ``execute_wrapper`` hooks do).
 """
 
 from __future__ import annotations
@@ -117,7 +123,7 @@ def _stop(exc: BaseException) -> None:
         logger.warning(
             "django_inbox: the database refused a prepared statement (%s %s); the inbox stops "
             "preparing its statements in this process. Behind PgBouncer in transaction mode, "
-            "use PgBouncer 1.21 or later with max_prepared_statements, or set "
+            "use PgBouncer 1.22 or later with max_prepared_statements, or set "
             "INBOX_PREPARED_STATEMENTS = False.",
             getattr(exc, "sqlstate", ""),
             str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
@@ -186,13 +192,13 @@ def cursor(using: str) -> Any:
 
 def _adopt(connection: Any, raw: Any) -> None:
     """Once per connection: let explicit ``prepare=True`` work under Django's default
-    ``prepare_threshold = None`` (a threshold nobody reaches prepares nothing else), and start
-    statement names at a random number."""
+    ``prepare_threshold = None`` (a threshold nobody reaches prepares nothing else), and move
+    the statement names on by a random number."""
     if raw.prepare_threshold is None:
         raw.prepare_threshold = 2**31
     manager = getattr(raw, "_prepared", None)
-    if manager is not None and getattr(manager, "_prepared_idx", None) == 0:
-        manager._prepared_idx = random.randrange(1 << 40)
+    if manager is not None and isinstance(getattr(manager, "_prepared_idx", None), int):
+        manager._prepared_idx += random.randrange(1 << 40)  # the counter only grows: no reuse
     state.adopted.add(raw)
 
 

@@ -288,7 +288,7 @@ def test_check_database_only_looks_at_the_inbox_alias(databases) -> None:  # typ
         assert check_database() == []
 
 
-@pytest.mark.parametrize("max_age", [1, 60, 299.5])
+@pytest.mark.parametrize("max_age", [1, 30, 59.5])
 def test_w004_a_short_conn_max_age_makes_workers_reconnect(databases, max_age: float) -> None:  # type: ignore[no-untyped-def]
     inbox = {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": max_age}
     with databases(inbox=inbox), override_settings(INBOX_DATABASE="inbox"):
@@ -298,7 +298,7 @@ def test_w004_a_short_conn_max_age_makes_workers_reconnect(databases, max_age: f
     assert "CONN_MAX_AGE = 0" in (errors[0].hint or "")
 
 
-@pytest.mark.parametrize("max_age", [0, None, 300, 3600, True, "60"])
+@pytest.mark.parametrize("max_age", [0, None, 60, 600, True, "30"])
 def test_w004_not_for_ages_that_keep_the_connection(databases, max_age: Any) -> None:  # type: ignore[no-untyped-def]
     inbox = {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": max_age}
     with databases(inbox=inbox), override_settings(INBOX_DATABASE="inbox"):

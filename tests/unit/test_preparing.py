@@ -128,3 +128,29 @@ def test_only_prepared_statement_trouble_stops_preparing() -> None:
     )
     assert not preparing._prepared_statement_trouble(Failure("0A000", "feature not supported"))
     assert not preparing._prepared_statement_trouble(Failure("23505", "unique violation"))
+
+
+def test_a_worker_that_loses_a_prepared_statement_tries_again_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from django_inbox import store
+    from django_inbox.worker import Worker
+
+    def drain() -> dict[str, int]:
+        return dict(Worker(["effects"], until_idle=0, poll_interval=0.01).run().outcomes)
+
+    for message_id in ("a", "b"):
+        store(consumer="effects", message_id=message_id, event_type="effect.write", payload={})
+    assert drain() == {"processed": 2}  # the claim and the completion are prepared by now
+    store(consumer="effects", message_id="c", event_type="effect.write", payload={})
+    forget_prepared_statements_behind_psycopgs_back()
+
+    with caplog.at_level(logging.WARNING, logger="django_inbox"):
+        assert drain() == {"processed": 1}
+
+    assert preparing.state.stopped is True
+    assert "trying again unprepared" in caplog.text
+    assert "lost the database connection" not in caplog.text
+    row = InboxMessage.objects.get(message_id="c")
+    assert (row.status, row.attempts) == ("completed", 1)
+    assert effect_counts() == {"a": 1, "b": 1, "c": 1}
