@@ -36,6 +36,8 @@ N = _env_int("BENCH_N", 5000)
 RUNS = _env_int("BENCH_RUNS", 3)
 DRAIN_N = _env_int("BENCH_DRAIN_N", 100_000)
 DRAIN_RUNS = _env_int("BENCH_DRAIN_RUNS", 3)
+#: Messages of the smaller drains (figure 2's variants and figure 2c).
+DRAIN_SMALL = max(1000, DRAIN_N // 10)
 PGBENCH_SECONDS = _env_int("BENCH_PGBENCH_SECONDS", 10)
 KEEP_DB = os.environ.get("BENCH_KEEP_DB", "0") not in ("", "0", "false", "no")
 CONSUME_N = _env_int("BENCH_CONSUME_N", 20_000)

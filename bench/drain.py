@@ -16,6 +16,7 @@ from bench.config import (
     DATABASE_URL,
     DRAIN_N,
     DRAIN_RUNS,
+    DRAIN_SMALL,
     MANAGE,
     ROOT,
     RUNS,
@@ -191,7 +192,7 @@ def run_inbox_process(workers: int) -> tuple[float, float, float]:
 def bench_drain() -> dict[str, Series]:
     from django_inbox.worker import Worker
 
-    small = max(1000, DRAIN_N // 10)
+    small = DRAIN_SMALL
     log(
         f"\n== 2. drain: store() {DRAIN_N} messages in one transaction, drain them with the "
         f"worker ({DRAIN_RUNS} in-process runs, then inbox_process subprocesses)"

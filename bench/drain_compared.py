@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from bench.config import BENCH_DSN, DRAIN_N, ROOT, RUNS, log, truncate_inbox, vacuum
+from bench.config import BENCH_DSN, DRAIN_SMALL, ROOT, RUNS, log, truncate_inbox, vacuum
 from bench.deliver import bare_op
 from bench.drain import completed_count, pending_count, run_inbox_process, store_batch
 from bench.timing import Series, django_backend_pid, measuring, run_ops
@@ -40,7 +40,7 @@ def procrastinate_drain(series: Series, count: int) -> str | None:
 
 
 def bench_drain_compared() -> dict[str, Series]:
-    count = max(1000, DRAIN_N // 10)
+    count = DRAIN_SMALL
     log(
         f"\n== 2c. drain of {count} messages, interleaved: manage.py inbox_process (start-up "
         f"included) / a bare atomic() loop in process / procrastinate ({RUNS} runs)"
