@@ -9,10 +9,9 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, POLICY_KEYS, UNHANDLED_CHOICES
+from .db.checks import check_database  # noqa: F401  (registers the database checks)
 from .durations import to_seconds
 from .registry import registry
-
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
 
 
 def _setting(name: str) -> Any:
@@ -245,79 +244,3 @@ def _retention_warnings(consumers: dict[str, Any]) -> list[CheckMessage]:
 
 def _days(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days" if seconds >= 86400 else f"{seconds:.0f}s"
-
-
-@register(Tags.database)
-def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """The inbox's promise needs real transactions on the database its rows live in."""
-    alias = _setting("INBOX_DATABASE")
-    databases = settings.DATABASES
-    if alias not in databases:
-        return [
-            Error(
-                f"INBOX_DATABASE is {alias!r}, which is not in DATABASES.",
-                id="django_inbox.E008",
-            )
-        ]
-    config = databases[alias]
-    errors: list[CheckMessage] = []
-    if config.get("AUTOCOMMIT", True) is False:
-        errors.append(
-            Error(
-                f"DATABASES[{alias!r}] sets AUTOCOMMIT = False, which turns off Django's "
-                "transaction management; the inbox cannot commit a message with its effects.",
-                id="django_inbox.E009",
-            )
-        )
-    engine = str(config.get("ENGINE", ""))
-    if "mysql" in engine:
-        options = config.get("OPTIONS", {}) or {}
-        init = str(options.get("init_command", "")).lower()
-        if "myisam" in init:
-            errors.append(
-                Error(
-                    f"DATABASES[{alias!r}] uses MyISAM, which has no transactions.",
-                    id="django_inbox.E009",
-                )
-            )
-    if not any(vendor in engine for vendor in SUPPORTED_VENDORS):
-        errors.append(
-            Warning(
-                f"DATABASES[{alias!r}] uses {engine!r}. The inbox's guarantees are tested on "
-                "PostgreSQL, and SQLite is supported for development and demos; other "
-                "engines are untested.",
-                id="django_inbox.W002",
-            )
-        )
-    errors += _reconnecting(alias, config, engine)
-    return errors
-
-
-#: Below this ``CONN_MAX_AGE`` (seconds), W004 says workers reconnect too often.
-RECONNECT_WARNING_SECONDS = 60
-
-
-def _reconnecting(alias: str, config: dict[str, Any], engine: str) -> list[CheckMessage]:
-    """W004: a ``CONN_MAX_AGE`` that makes long-running inbox commands reconnect often.
-
-    They keep their connection while it is healthy under ``0`` (Django's default) and
-    ``None``; a positive number still ends it at that age. On PostgreSQL each new connection
-    is a new server process, and the inbox's prepared statements are prepared again.
-    """
-    max_age = config.get("CONN_MAX_AGE", 0)
-    if "postgresql" not in engine or isinstance(max_age, bool):
-        return []
-    if not isinstance(max_age, int | float) or not 0 < max_age < RECONNECT_WARNING_SECONDS:
-        return []
-    return [
-        Warning(
-            f"DATABASES[{alias!r}] sets CONN_MAX_AGE = {max_age!r}: inbox_process and "
-            f"inbox_consume reconnect every {max_age!r} seconds.",
-            hint=(
-                "Workers keep their connection while it is healthy under CONN_MAX_AGE = 0 "
-                "(Django's default) or None. Use one of those, or at least "
-                f"{RECONNECT_WARNING_SECONDS} seconds, in the settings the workers run with."
-            ),
-            id="django_inbox.W004",
-        )
-    ]

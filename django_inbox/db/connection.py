@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from .preparing import lost_prepared_statement
+from . import preparing
 
 logger = logging.getLogger("django_inbox")
 
@@ -117,6 +117,13 @@ def connection_lost(exc: BaseException, using: str) -> bool:
         # Never connected, or closed already: a failed connect (refused, no slot left).
         return isinstance(exc, DatabaseError) or _caused_by_database(exc)
     return _broken(connection)
+
+
+def lost_prepared_statement(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) aborted a transaction because a prepared statement
+    was gone or stale (:mod:`~django_inbox.db.preparing`): the connection's fault, not the
+    handler's."""
+    return any(getattr(current, preparing.MARK, False) for current in _chain(exc))
 
 
 def _client_side(exc: BaseException) -> bool:

@@ -18,8 +18,8 @@ It stays off where it cannot be correct, and turns itself off where it turns out
   does not exist" (26000) or "… already exists" (42P05); a schema change answers "cached plan
   must not change result type" (0A000). The first such answer stops preparing for the whole
   process, with a warning. Outside a transaction the statement is sent again unprepared;
-  inside one, the transaction is lost: :func:`lost_prepared_statement` tells
-  :func:`~django_inbox.db.connection.connection_lost` that it is infrastructure, so the
+  inside one, the transaction is lost: the error carries :data:`MARK`, and
+  :func:`~django_inbox.db.connection.connection_lost` takes it for infrastructure, so the
   attempt is not counted against the message.
 - Statement names jump to a random number on each connection the inbox uses, so that two
   processes whose statements a pooler mixes up on one server connection do not reuse each
@@ -66,7 +66,9 @@ class _State:
         self.adopted: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.stopped = False
+        self.seen.clear()
+        self.adopted = weakref.WeakSet()
 
 
 state = _State()
@@ -128,19 +130,6 @@ def _stop(exc: BaseException) -> None:
             getattr(exc, "sqlstate", ""),
             str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
         )
-
-
-def lost_prepared_statement(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) aborted a transaction because a prepared statement
-    was gone or stale: the database connection's fault, not the handler's."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if getattr(current, MARK, False):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 def enabled(using: str) -> bool:

@@ -1,0 +1,91 @@
+"""The system checks of the inbox's database: it must be in ``DATABASES``, with real
+transactions (E008, E009), on an engine the guarantees are tested on (W002), and keep its
+workers' connections long enough (W004). Tagged ``database``; run by a plain
+``manage.py check``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+
+from ..conf import DEFAULTS
+
+SUPPORTED_VENDORS = ("postgresql", "sqlite")
+
+
+@register(Tags.database)
+def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The inbox's promise needs real transactions on the database its rows live in."""
+    alias = getattr(settings, "INBOX_DATABASE", DEFAULTS["INBOX_DATABASE"])
+    databases = settings.DATABASES
+    if alias not in databases:
+        return [
+            Error(
+                f"INBOX_DATABASE is {alias!r}, which is not in DATABASES.",
+                id="django_inbox.E008",
+            )
+        ]
+    config = databases[alias]
+    errors: list[CheckMessage] = []
+    if config.get("AUTOCOMMIT", True) is False:
+        errors.append(
+            Error(
+                f"DATABASES[{alias!r}] sets AUTOCOMMIT = False, which turns off Django's "
+                "transaction management; the inbox cannot commit a message with its effects.",
+                id="django_inbox.E009",
+            )
+        )
+    engine = str(config.get("ENGINE", ""))
+    if "mysql" in engine:
+        options = config.get("OPTIONS", {}) or {}
+        init = str(options.get("init_command", "")).lower()
+        if "myisam" in init:
+            errors.append(
+                Error(
+                    f"DATABASES[{alias!r}] uses MyISAM, which has no transactions.",
+                    id="django_inbox.E009",
+                )
+            )
+    if not any(vendor in engine for vendor in SUPPORTED_VENDORS):
+        errors.append(
+            Warning(
+                f"DATABASES[{alias!r}] uses {engine!r}. The inbox's guarantees are tested on "
+                "PostgreSQL, and SQLite is supported for development and demos; other "
+                "engines are untested.",
+                id="django_inbox.W002",
+            )
+        )
+    errors += _reconnecting(alias, config, engine)
+    return errors
+
+
+#: Below this ``CONN_MAX_AGE`` (seconds), W004 says workers reconnect too often.
+RECONNECT_WARNING_SECONDS = 60
+
+
+def _reconnecting(alias: str, config: dict[str, Any], engine: str) -> list[CheckMessage]:
+    """W004: a ``CONN_MAX_AGE`` that makes long-running inbox commands reconnect often.
+
+    They keep their connection while it is healthy under ``0`` (Django's default) and
+    ``None``; a positive number still ends it at that age. On PostgreSQL each new connection
+    is a new server process, and the inbox's prepared statements are prepared again.
+    """
+    max_age = config.get("CONN_MAX_AGE", 0)
+    if "postgresql" not in engine or isinstance(max_age, bool):
+        return []
+    if not isinstance(max_age, int | float) or not 0 < max_age < RECONNECT_WARNING_SECONDS:
+        return []
+    return [
+        Warning(
+            f"DATABASES[{alias!r}] sets CONN_MAX_AGE = {max_age!r}: inbox_process and "
+            f"inbox_consume reconnect every {max_age!r} seconds.",
+            hint=(
+                "Workers keep their connection while it is healthy under CONN_MAX_AGE = 0 "
+                "(Django's default) or None. Use one of those, or at least "
+                f"{RECONNECT_WARNING_SECONDS} seconds, in the settings the workers run with."
+            ),
+            id="django_inbox.W004",
+        )
+    ]
