@@ -111,17 +111,9 @@ LOGGING = {
     },
 }
 
-# Celery (only when it is installed: the demo does not need it). The inbox's upkeep tasks
-# run on the schedule django_inbox.contrib.celery.schedule builds; tests shorten the periods.
+# Celery (only when it is installed: the demo does not need it). The beat schedule is set in
+# testproject/celery.py, not here: every manage.py command reads these settings, and Celery
+# would cost each of them (inbox_consume, inbox_process) 7 MiB and its import time.
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/5")
 CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=CELERY_BROKER_URL)
 CELERY_TASK_DEFAULT_QUEUE = env("CELERY_TASK_DEFAULT_QUEUE", default="inbox")
-try:
-    from django_inbox.contrib.celery.schedule import beat_schedule
-
-    CELERY_BEAT_SCHEDULE = beat_schedule(
-        process_every=env.float("INBOX_BEAT_PROCESS_EVERY", default=10.0),
-        reclaim_every=env.float("INBOX_BEAT_RECLAIM_EVERY", default=60.0),
-    )
-except ImportError:  # celery is not installed
-    CELERY_BEAT_SCHEDULE = {}

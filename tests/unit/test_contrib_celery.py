@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import runpy
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -15,7 +17,7 @@ from django.conf import settings
 from django_inbox.contrib.celery.schedule import beat_schedule
 from tests.conftest import ROOT
 
-SETTINGS_FILE = ROOT / "testproject" / "testproject" / "settings.py"
+CELERY_FILE = ROOT / "testproject" / "testproject" / "celery.py"
 
 
 def test_beat_schedule_entries() -> None:
@@ -93,17 +95,15 @@ def test_beat_schedule_accepts_timedeltas_and_celery_schedules() -> None:
             assert message.headers["expires"], f"{name} is sent with an expiry"
 
 
-def test_settings_build_the_beat_schedule_from_beat_schedule(
+def test_the_celery_app_builds_the_beat_schedule_from_beat_schedule(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from testproject.celery import app
 
-    configured = settings.CELERY_BEAT_SCHEDULE
-    assert configured == beat_schedule(
+    assert app.conf.beat_schedule == beat_schedule(
         process_every=float(os.environ.get("INBOX_BEAT_PROCESS_EVERY", 10.0)),
         reclaim_every=float(os.environ.get("INBOX_BEAT_RECLAIM_EVERY", 60.0)),
     )
-    assert app.conf.beat_schedule == configured
     assert app.conf.task_default_queue == settings.CELERY_TASK_DEFAULT_QUEUE
     app.loader.import_default_modules()  # what the worker does: autodiscovers the tasks
     for name in ("process_due", "reclaim", "purge", "stats"):
@@ -112,6 +112,21 @@ def test_settings_build_the_beat_schedule_from_beat_schedule(
     # The periods come from the environment, as the process tests set them.
     monkeypatch.setenv("INBOX_BEAT_PROCESS_EVERY", "0.5")
     monkeypatch.setenv("INBOX_BEAT_RECLAIM_EVERY", "2")
-    fresh = runpy.run_path(str(SETTINGS_FILE))
-    assert fresh["CELERY_BEAT_SCHEDULE"] == beat_schedule(process_every=0.5, reclaim_every=2.0)
-    assert fresh["CELERY_BEAT_SCHEDULE"]["inbox-process-due"]["options"] == {"expires": 0.5}
+    fresh = runpy.run_path(str(CELERY_FILE))["app"]
+    assert fresh.conf.beat_schedule == beat_schedule(process_every=0.5, reclaim_every=2.0)
+    assert fresh.conf.beat_schedule["inbox-process-due"]["options"] == {"expires": 0.5}
+
+
+def test_settings_do_not_import_celery() -> None:
+    """Every manage.py command reads the settings; the consumers must not pay for Celery."""
+    code = (
+        "import sys, django; django.setup(); "
+        "from django_inbox.management.commands import inbox_consume, inbox_process; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'celery'}))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "testproject.settings"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT / "testproject",
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -2,10 +2,11 @@
 
 .. code-block:: python
 
-    # settings.py (Celery reads CELERY_* settings with namespace="CELERY")
+    # mysite/celery.py, where the Celery app is made (not settings.py: every manage.py
+    # command reads the settings, and this function imports Celery)
     from django_inbox.contrib.celery.schedule import beat_schedule
 
-    CELERY_BEAT_SCHEDULE = {**beat_schedule()}
+    app.conf.beat_schedule = {**beat_schedule()}
 
 Each entry expires after its own period: if workers are down, beat's messages do not pile up
 and run in a burst when they come back; the next run does the work of the missed ones.
