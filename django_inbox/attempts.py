@@ -19,7 +19,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import events, history, interruptions, leases
+from . import events, history, interruptions, leases, ordering
 from .conf import inbox_settings
 from .db.connection import connection_lost, transaction_aborted
 from .exceptions import ConnectionLost, LeaseLost, Park, Reject, Retry, TransactionAborted
@@ -52,12 +52,24 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
     if handler is None:
         reason = no_handler_reason(message.consumer, message.event_type)
         return record_failure(message, Reject(reason), None, using=using)
+    ordered = ordering.applies(message.consumer, message.key)
+    held: Outcome | None = None
     started = time.perf_counter()
     try:
-        with committing(using, lambda: [message.pk]):
-            run_handler(handler, message, using)
-            if not leases.complete(message, timezone.now(), using):
-                raise LeaseLost(message.pk)
+        with committing(using, lambda: [] if held is not None else [message.pk]):
+            if ordered:
+                held = hold(message, using)
+            if held is None:
+                run_handler(handler, message, using)
+                now = timezone.now()
+                if ordered and message.sequence is not None:
+                    message.inbox_released = ordering.advance(  # type: ignore[attr-defined]
+                        message.consumer, message.key, message.sequence, now, using
+                    )
+                if not leases.complete(message, now, using):
+                    raise LeaseLost(message.pk)
+        if held is not None:
+            return held_back(message, held, using)
     except LeaseLost:
         logger.warning(
             "inbox message %s: lease lost to another worker; this attempt's work was rolled back",
@@ -71,6 +83,58 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         return record_failure(message, exc, handler, using=using, duration=duration)
     processed(message, time.perf_counter() - started, using)
     return Outcome.PROCESSED
+
+
+#: A claimed row whose key another transaction holds is due again after this many seconds.
+BUSY_DELAY = 0.2
+
+
+def hold(message: InboxMessage, using: str) -> Outcome | None:
+    """For a claimed row of an ordered consumer, in its transaction: lock its key and decide.
+    ``None``: run the handler. Otherwise the row is ``skipped`` or ``waiting`` (its claim's
+    attempt taken back), or ``IN_PROGRESS`` when another transaction holds the key."""
+    applied = ordering.lock(message.consumer, message.key, using, wait=False)
+    verdict = ordering.decide(message.sequence, applied)
+    if verdict is ordering.Verdict.BUSY:
+        return Outcome.IN_PROGRESS
+    assert applied is not None
+    now = timezone.now()
+    if verdict is ordering.Verdict.WAIT and ordering.past_gap(message):
+        assert message.sequence is not None
+        entry = ordering.past_gap_entry(applied, message.sequence, now)
+        message.history = history.append(message.history, entry)
+        leases.fenced(message, using).update(history=message.history)
+        verdict = ordering.Verdict.RUN
+    if verdict is ordering.Verdict.RUN:
+        return None
+    assert message.sequence is not None
+    if verdict is ordering.Verdict.SKIP:
+        status, outcome = Status.SKIPPED, Outcome.SKIPPED
+        changes: dict[str, Any] = {
+            "processed_at": now,
+            "next_attempt_at": None,
+            "last_error": ordering.stale_reason(message.key, message.sequence, applied),
+        }
+    else:
+        status, outcome = Status.WAITING, Outcome.WAITING
+        changes = {
+            "next_attempt_at": ordering.gap_deadline(message.consumer, now),
+            "last_error": ordering.waiting_reason(message.key, message.sequence, applied),
+        }
+    if not leases.set_aside(message, status, changes, now, using):
+        raise LeaseLost(message.pk)
+    return outcome
+
+
+def held_back(message: InboxMessage, outcome: Outcome, using: str) -> Outcome:
+    """Report a row :func:`hold` did not run; give back one whose key was busy."""
+    if outcome is Outcome.IN_PROGRESS:
+        now = timezone.now()
+        with transaction.atomic(using=using):
+            leases.release(message, now, using, due=now + timedelta(seconds=BUSY_DELAY))
+        return outcome
+    events.event(str(outcome), **events.about(message, using, attempt=message.attempts - 1))
+    return outcome
 
 
 @contextmanager
@@ -126,7 +190,8 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
     handlers' bodies then run twice, which is why this is opt-in (``commit_every``).
     """
     using = using or inbox_settings.database
-    if len(messages) < 2:
+    if len(messages) < 2 or any(ordering.applies(m.consumer, m.key) for m in messages):
+        # An ordered consumer's keyed rows decide run, skip or wait one transaction each.
         return [process_claimed(message, using=using) for message in messages]
     handlers = [registry.get(m.consumer, m.event_type) for m in messages]
     started = time.perf_counter()

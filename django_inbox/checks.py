@@ -61,6 +61,27 @@ def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
             errors.append(
                 Error(f"{where} dead_retention: {exc} (or None).", id="django_inbox.E003")
             )
+    if "ordered" in values and not isinstance(values["ordered"], bool):
+        errors.append(
+            Error(
+                f"{where} ordered must be True or False, got {values['ordered']!r}.",
+                id="django_inbox.E016",
+            )
+        )
+    first = values.get("first_sequence", 1)
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        errors.append(
+            Error(
+                f"{where} first sequence must be an integer >= 0, got {first!r}.",
+                id="django_inbox.E016",
+            )
+        )
+    if "gap_timeout" in values:
+        try:
+            if to_seconds(values["gap_timeout"]) <= 0:
+                raise ValueError("it must be more than zero seconds")
+        except ValueError as exc:
+            errors.append(Error(f"{where} gap_timeout: {exc}.", id="django_inbox.E016"))
     if "backoff_base" in seconds and seconds["backoff_base"] <= 0:
         errors.append(
             Error(f"{where} backoff base must be more than zero seconds.", id="django_inbox.E003")

@@ -40,6 +40,9 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_ADMIN": True,
     "INBOX_METRICS": False,
     "INBOX_PREPARED_STATEMENTS": True,
+    "INBOX_ORDERED": False,
+    "INBOX_GAP_TIMEOUT": 600.0,
+    "INBOX_FIRST_SEQUENCE": 1,
 }
 
 #: Keys a consumer may override in ``INBOX_CONSUMERS`` and the global setting each one defaults to.
@@ -53,6 +56,9 @@ POLICY_KEYS: dict[str, str] = {
     "redelivery_window": "INBOX_REDELIVERY_WINDOW",
     "allow_replay_completed": "INBOX_ALLOW_REPLAY_COMPLETED",
     "commit_every": "INBOX_COMMIT_EVERY",
+    "ordered": "INBOX_ORDERED",
+    "gap_timeout": "INBOX_GAP_TIMEOUT",
+    "first_sequence": "INBOX_FIRST_SEQUENCE",
 }
 
 UNHANDLED_CHOICES = ("dead", "refuse")
@@ -73,6 +79,12 @@ class Policy:
     dead_retention: float | None = None
     #: How long after processing a duplicate may still arrive (broker, producer, replays).
     redelivery_window: float = 7 * 86400.0
+    #: Messages with a key run one at a time per key, in ascending ``sequence``.
+    ordered: bool = False
+    #: How long a message waits for a missing sequence before it is parked.
+    gap_timeout: float = 600.0
+    #: The sequence a key's first message has.
+    first_sequence: int = 1
 
 
 class InboxSettings:
@@ -212,7 +224,19 @@ class InboxSettings:
                 None if values["dead_retention"] is None else to_seconds(values["dead_retention"])
             ),
             redelivery_window=to_seconds(values["redelivery_window"]),
+            ordered=bool(values["ordered"]),
+            gap_timeout=to_seconds(values["gap_timeout"]),
+            first_sequence=int(values["first_sequence"]),
         )
+
+    def ordered(self, consumer: str) -> bool:
+        """Whether ``consumer`` orders its keyed messages (remembered: the hot path asks)."""
+        name = f"ordered:{consumer}"
+        try:
+            return bool(self._cache[name])
+        except KeyError:
+            value = self._cache[name] = self.policy(consumer).ordered
+            return bool(value)
 
 
 inbox_settings = InboxSettings()

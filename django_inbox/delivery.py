@@ -18,7 +18,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import events, history, interruptions
+from . import events, history, interruptions, ordering
 from .attempts import (
     committing,
     failure,
@@ -48,6 +48,8 @@ _STATUS_OUTCOMES = {
     Status.PARKED: Outcome.PARKED,
     Status.FAILED: Outcome.FAILED,
     Status.IN_PROGRESS: Outcome.IN_PROGRESS,
+    Status.SKIPPED: Outcome.SKIPPED,
+    Status.WAITING: Outcome.WAITING,
     # A ``received`` row we could not claim is being claimed by a worker right now.
     Status.RECEIVED: Outcome.IN_PROGRESS,
 }
@@ -70,6 +72,7 @@ def deliver(
     headers: Mapping[str, Any] | None = None,
     source: str | None = "",
     key: str | None = "",
+    sequence: int | None = None,
     redelivered: bool = False,
 ) -> Outcome:
     """Store one message and process it inline; return what happened as an :class:`Outcome`.
@@ -83,6 +86,9 @@ def deliver(
         headers: broker or HTTP headers worth keeping (JSON mapping).
         source: where the message came from (queue, webhook sender, CloudEvents source).
         key: ordering or partition key.
+        sequence: the key's version (an int from 1), for consumers with ``"ordered": True``:
+            they run a key's messages one at a time in ascending sequence, skip stale ones
+            and hold back those after a gap (see :mod:`django_inbox.ordering`).
         redelivered: the broker says it delivered this message before (AMQP ``redelivered``,
             a delivery count). If the inbox has no row for it, the earlier delivery died
             before committing, perhaps killed by this very message: that attempt is counted,
@@ -97,7 +103,7 @@ def deliver(
     """
     row = prepare(
         consumer=consumer, message_id=message_id, event_type=event_type, payload=payload,
-        headers=headers, source=source, key=key,
+        headers=headers, source=source, key=key, sequence=sequence,
     )  # fmt: skip
     using = inbox_settings.database
     if interruptions.pending():
@@ -116,7 +122,11 @@ def deliver_batch(rows: list[NewRow]) -> list[Outcome]:
     using = inbox_settings.database
     batch = [fresh(row) for row in rows]  # the caller's rows stay as given, to try again
     handlers = [registry.get(row.consumer, row.event_type) for row in batch]
-    if len(batch) < 2 or None in handlers:
+    if (
+        len(batch) < 2
+        or None in handlers
+        or any(ordering.applies(r.consumer, r.key) for r in batch)
+    ):
         return [_deliver_row(row, using) for row in batch]
     now = timezone.now()
     for row in batch:
@@ -165,6 +175,8 @@ def _deliver_row(
         if redelivered:
             return _deliver_redelivered(row, using)
 
+    if row.key and ordering.applies(row.consumer, row.key):
+        return _deliver_ordered(row, handler, using)
     now = timezone.now()
     row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
     pk: int | None = None
@@ -187,6 +199,72 @@ def _deliver_row(
         return _deliver_existing(row, using, again=again, status=status or _UNKNOWN)
     processed(message, time.perf_counter() - started, using)
     return Outcome.PROCESSED
+
+
+def _deliver_ordered(row: NewRow, handler: Handler, using: str) -> Outcome:
+    """A keyed message of an ordered consumer: under its key's lock, run it (the row goes in
+    ``completed`` with the handler's writes and the key's new applied sequence), or store it
+    ``skipped`` (stale) or ``waiting`` (a gap). Then run the versions it made due, each in
+    its own transaction."""
+    now = timezone.now()
+    pk: int | None = None
+    status: str | None = None
+    verdict: ordering.Verdict | None = None
+    message: InboxMessage | None = None
+    released: list[str] = []
+    started = time.perf_counter()
+    try:
+        with committing(using, lambda: [pk] if pk is not None and message is not None else []):
+            applied = ordering.lock(row.consumer, row.key, using, wait=True)
+            verdict = ordering.decide(row.sequence, applied)
+            assert applied is not None and verdict is not ordering.Verdict.BUSY
+            if verdict is ordering.Verdict.RUN:
+                row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
+            elif verdict is ordering.Verdict.SKIP:
+                assert row.sequence is not None
+                row.status, row.processed_at = Status.SKIPPED, now
+                row.last_error = ordering.stale_reason(row.key, row.sequence, applied)
+            else:
+                assert row.sequence is not None
+                row.status = Status.WAITING
+                row.next_attempt_at = ordering.gap_deadline(row.consumer, now)
+                row.last_error = ordering.waiting_reason(row.key, row.sequence, applied)
+            pk, status = insert_or_status(row, now, using)
+            if pk is not None and verdict is ordering.Verdict.RUN:
+                message = materialise(row, pk, using)
+                run_handler(handler, message, using)
+                if row.sequence is not None:
+                    released = ordering.advance(row.consumer, row.key, row.sequence, now, using)
+    except Exception as exc:
+        if pk is None or connection_lost(exc, using):
+            raise
+        duration = time.perf_counter() - started
+        return _record_first_failure(fresh(row), exc, handler, using, duration)
+    if pk is None:
+        return _deliver_existing(fresh(row), using, status=status or _UNKNOWN)
+    if message is None:
+        kind = Outcome.SKIPPED if verdict is ordering.Verdict.SKIP else Outcome.WAITING
+        events.event(str(kind), **events.about(row, using, pk=pk, attempt=0))
+        return kind
+    processed(message, time.perf_counter() - started, using)
+    run_released(row.consumer, released, using)
+    return Outcome.PROCESSED
+
+
+def run_released(consumer: str, message_ids: list[str], using: str) -> None:
+    """Run the versions a completed message made due, and those they make due in turn, each
+    in its own transaction (a worker would find them too: they are ``received``)."""
+    pending = list(message_ids)
+    while pending:
+        claimed = claim_batch(consumer, 1, using=using, message_id=pending.pop(0))
+        if claimed:
+            try:
+                process_claimed(claimed[0], using=using)
+            except Exception as exc:
+                if connection_lost(exc, using):
+                    interruptions.note(claimed, using=using, running=claimed[0], error=exc)
+                raise
+            pending.extend(getattr(claimed[0], "inbox_released", []))
 
 
 def _deliver_redelivered(row: NewRow, using: str) -> Outcome:
@@ -252,11 +330,13 @@ def _deliver_existing(
         claimed = claim_batch(row.consumer, 1, using=using, message_id=row.message_id)
         if claimed:
             try:
-                return process_claimed(claimed[0], using=using)
+                outcome = process_claimed(claimed[0], using=using)
             except Exception as exc:
                 if connection_lost(exc, using):
                     interruptions.note(claimed, using=using, running=claimed[0], error=exc)
                 raise
+            run_released(row.consumer, getattr(claimed[0], "inbox_released", []), using)
+            return outcome
         status = statements.current_status(row.consumer, row.message_id, using)
     if status is None:
         # Purged between our insert and our look: it is new again (once; then report it busy).

@@ -26,6 +26,8 @@ logger = logging.getLogger("django_inbox")
 LEVELS = {
     "received": logging.DEBUG,
     "duplicate": logging.DEBUG,
+    "skipped": logging.INFO,
+    "waiting": logging.INFO,
     "processed": logging.INFO,
     "replayed": logging.INFO,
     "failed": logging.WARNING,

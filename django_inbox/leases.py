@@ -104,9 +104,25 @@ def fail(
     )
 
 
-def release(row: InboxMessage, now: datetime, using: str) -> int:
-    """Give back a claimed row that never started: due now, its attempt uncounted."""
-    return fenced(row, using).update(**_given_back(row, now))
+def release(row: InboxMessage, now: datetime, using: str, *, due: datetime | None = None) -> int:
+    """Give back a claimed row that never started: due now (or at ``due``), its attempt
+    uncounted."""
+    changes = _given_back(row, now)
+    if due is not None:
+        changes["next_attempt_at"] = due
+    return fenced(row, using).update(**changes)
+
+
+def set_aside(
+    row: InboxMessage, status: str, changes: dict[str, Any], now: datetime, using: str
+) -> bool:
+    """A claimed row an ordered consumer does not run now (``skipped``, ``waiting``): its
+    lease cleared and its claim's attempt taken back."""
+    return bool(
+        fenced(row, using).update(
+            **_cleared(now), status=status, attempts=F("attempts") - 1, **changes
+        )
+    )
 
 
 def release_interrupted(row: InboxMessage, entry: dict[str, Any], using: str) -> int:

@@ -18,3 +18,4 @@ class MessageFields(TypedDict, total=False):
     headers: Mapping[str, Any] | None
     source: str | None
     key: str | None
+    sequence: int | None

@@ -59,6 +59,10 @@ class InboxMessage(models.Model):
         FAILED = "failed", _("failed")
         DEAD = "dead", _("dead")
         PARKED = "parked", _("parked")
+        #: An ordered consumer's message whose sequence is ahead of its key's next one.
+        WAITING = "waiting", _("waiting")
+        #: An ordered consumer's message whose sequence its key has already applied.
+        SKIPPED = "skipped", _("skipped")
 
     id = models.BigAutoField(primary_key=True)
     consumer = models.CharField(max_length=100)
@@ -67,6 +71,11 @@ class InboxMessage(models.Model):
     event_type = models.CharField(max_length=255)
     key = models.CharField(
         max_length=255, blank=True, default="", help_text=_("Ordering or partition key.")
+    )
+    sequence = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text=_("The key's version (aggregate version); ordered consumers apply in order."),
     )
     payload = models.JSONField()
     headers = models.JSONField(default=dict, blank=True)
@@ -112,6 +121,13 @@ class InboxMessage(models.Model):
                 condition=Q(status__in=ATTENTION_STATUSES),
                 name="django_inbox_attention_idx",
             ),
+            # Ordered consumers: a key's versions (stale checks, the next waiting version, the
+            # admin's key view). Rows without a sequence are not in it and cost nothing.
+            models.Index(
+                fields=["consumer", "key", "sequence"],
+                condition=Q(sequence__isnull=False),
+                name="django_inbox_sequence_idx",
+            ),
         ]
         permissions = [
             ("replay_inboxmessage", "Can replay dead or parked inbox messages"),
@@ -138,3 +154,29 @@ class InboxMessage(models.Model):
     def errors(self) -> list[dict[str, Any]]:
         """The error entries of :attr:`history`, one per failed attempt."""
         return [entry for entry in self.history if entry.get("kind") == "error"]
+
+
+class InboxKey(models.Model):
+    """The last applied sequence of one key of an ordered consumer.
+
+    Written in the handler's transaction, and locked (``SELECT … FOR UPDATE``) by every
+    decision about the key's messages (run, skip, wait), so two messages of one key never
+    run at the same time and each decision sees the one before it.
+    """
+
+    consumer = models.CharField(max_length=100)
+    key = models.CharField(max_length=255)
+    applied_sequence = models.BigIntegerField(
+        help_text=_("The highest sequence of this key whose message completed (or was skipped).")
+    )
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = _("inbox key")
+        verbose_name_plural = _("inbox keys")
+        constraints = [
+            models.UniqueConstraint(fields=["consumer", "key"], name="django_inbox_unique_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer}:{self.key} @ {self.applied_sequence}"

@@ -14,6 +14,10 @@ class Outcome(enum.StrEnum):
     ``FAILED``: the handler raised; the message will be retried after a backoff.
     ``DEAD``: the message will not be retried (``Reject``, attempts exhausted, no handler).
     ``PARKED``: the handler raised ``Park``; an operator decides.
+    ``SKIPPED``: an ordered consumer had already applied this sequence of the key (stale);
+    the handler did not run. Acknowledge it, as a duplicate.
+    ``WAITING``: an ordered consumer's message whose key has not reached the sequence before
+    it (a gap, or an earlier version still failing); it runs once that one is applied.
     """
 
     PROCESSED = "processed"
@@ -22,3 +26,5 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     DEAD = "dead"
     PARKED = "parked"
+    SKIPPED = "skipped"
+    WAITING = "waiting"

@@ -17,7 +17,7 @@ from .exceptions import InvalidPayload
 from .message import MessageFields
 from .models import InboxMessage
 from .text import storable_json
-from .validation import CONSUMER_MAX, clean_message_id, clean_text, encode_json
+from .validation import CONSUMER_MAX, clean_message_id, clean_sequence, clean_text, encode_json
 
 __all__ = [
     "NewRow", "fresh", "insert", "insert_completed", "insert_or_status", "materialise", "prepare",
@@ -39,6 +39,7 @@ def prepare(**message: Unpack[MessageFields]) -> NewRow:
         event_type=clean_text("event_type", message["event_type"], required=True),
         source=clean_text("source", message.get("source", ""), required=False),
         key=clean_text("key", message.get("key", ""), required=False),
+        sequence=clean_sequence(message.get("sequence")),
         payload=encode_json("payload", message["payload"], max_bytes=max_bytes),
         # Headers are what a broker or sender added: their text is made storable, not refused.
         headers=encode_json("headers", storable_json(dict(headers or {})), max_bytes=max_bytes),
@@ -55,6 +56,7 @@ def fresh(row: NewRow) -> NewRow:
         headers=row.headers,
         source=row.source,
         key=row.key,
+        sequence=row.sequence,
     )
 
 

@@ -65,6 +65,10 @@ message_dead = _Signal()
 message_parked = _Signal()
 #: An operator replayed the message (``inbox_replay``, the admin, the service function).
 message_replayed = _Signal()
+#: An ordered consumer skipped a stale version (its key had applied that sequence already).
+message_skipped = _Signal()
+#: An ordered consumer's message waits for an earlier sequence of its key.
+message_waiting = _Signal()
 #: The message's worker died or hung; its row was taken over (``extra["outcome"]``: the status).
 message_reclaimed = _Signal()
 
@@ -77,6 +81,8 @@ SIGNALS = {
     "parked": message_parked,
     "replayed": message_replayed,
     "reclaimed": message_reclaimed,
+    "skipped": message_skipped,
+    "waiting": message_waiting,
 }
 
 

@@ -32,6 +32,7 @@ def store(
     headers: Mapping[str, Any] | None = None,
     source: str | None = "",
     key: str | None = "",
+    sequence: int | None = None,
 ) -> bool:
     """Store one message for a worker to process later; return ``True`` if it was new.
 
@@ -43,7 +44,7 @@ def store(
     """
     row = rows.prepare(
         consumer=consumer, message_id=message_id, event_type=event_type, payload=payload,
-        headers=headers, source=source, key=key,
+        headers=headers, source=source, key=key, sequence=sequence,
     )  # fmt: skip
     using = inbox_settings.database
     if registry.get(row.consumer, row.event_type) is None:

@@ -55,6 +55,24 @@ def clean_text(name: str, value: object, *, required: bool, max_length: int = TE
     return value
 
 
+#: The largest sequence a row holds (a signed 64-bit column).
+SEQUENCE_MAX = 2**63 - 1
+
+
+def clean_sequence(value: object) -> int | None:
+    """Return the sequence (an int from 1 to :data:`SEQUENCE_MAX`, or ``None``), or raise
+    :class:`InvalidField`. Digit strings are taken (broker headers carry text)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidField(f"sequence must be an integer, got {type(value).__name__}")
+    if not 1 <= value <= SEQUENCE_MAX:
+        raise InvalidField(f"sequence must be between 1 and {SEQUENCE_MAX}, got {value}")
+    return value
+
+
 def _is_unicode(value: str) -> bool:
     try:
         value.encode("utf-8")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from . import interruptions
+from . import interruptions, ordering
 from .attempts import give_back_interrupted, process_batch, release
 from .claims import claim_batch
 from .conf import inbox_settings
@@ -20,6 +20,9 @@ from .registry import registry
 from .shutdown import Shutdown
 
 logger = logging.getLogger("django_inbox")
+
+#: Seconds between two looks for ordered consumers' gaps past their timeout.
+GAP_SWEEP_EVERY = 1.0
 
 
 @dataclass
@@ -71,6 +74,7 @@ class Worker:
         #: After a shared-transaction batch was cut short, run the next one message per
         #: transaction: if a handler killed the connection, it shows which one.
         self._solo = False
+        self._next_gap_sweep = 0.0
 
     def _consumers(self) -> list[str]:
         return self.consumers or registry.consumers()
@@ -88,6 +92,11 @@ class Worker:
         """
         handled = 0
         solo, self._solo = self._solo, False
+        if time.monotonic() >= self._next_gap_sweep:
+            self._next_gap_sweep = time.monotonic() + GAP_SWEEP_EVERY
+            for consumer in self._consumers():
+                if inbox_settings.ordered(consumer):
+                    ordering.park_expired_gaps(self.using, consumer=consumer)
         for consumer in self._consumers():
             room = self._room()
             if room <= 0 or self.shutdown.requested:

@@ -42,6 +42,8 @@ OUTCOMES = {
     "received": signals.message_received,
     "replayed": signals.message_replayed,
     "reclaimed": signals.message_reclaimed,
+    "skipped": signals.message_skipped,
+    "waiting": signals.message_waiting,
 }
 
 _lock = threading.Lock()
@@ -59,7 +61,7 @@ class Metrics:
         self.messages = Counter(
             "inbox_messages",
             "Messages by consumer, event type and outcome (received, processed, failed, dead, "
-            "parked, duplicate, replayed, reclaimed).",
+            "parked, duplicate, replayed, reclaimed, skipped, waiting).",
             ["consumer", "event_type", "outcome"],
             registry=registry,
         )

@@ -14,7 +14,17 @@ reclaim, replay or delete a row twice.
 
 from __future__ import annotations
 
-from .operator import PARKABLE, REPLAYABLE, RETRYABLE, ActionResult, park, replay, retry_now
+from .operator import (
+    PARKABLE,
+    REPLAYABLE,
+    RETRYABLE,
+    SKIPPABLE,
+    ActionResult,
+    park,
+    replay,
+    retry_now,
+    skip,
+)
 from .process import (
     AckMode,
     BrokerConsumer,
@@ -45,6 +55,7 @@ __all__ = [
     "PURGEABLE",
     "REPLAYABLE",
     "RETRYABLE",
+    "SKIPPABLE",
     "STATUSES",
     "AckMode",
     "ActionResult",
@@ -75,4 +86,5 @@ __all__ = [
     "replay",
     "retry_now",
     "select",
+    "skip",
 ]

@@ -17,7 +17,7 @@ from django.db import connections, transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from .. import events, history
+from .. import events, history, ordering
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxMessage
@@ -28,6 +28,7 @@ Status = InboxMessage.Status
 REPLAYABLE = (Status.DEAD, Status.PARKED)
 PARKABLE = (Status.RECEIVED, Status.FAILED, Status.DEAD)
 RETRYABLE = (Status.FAILED,)
+SKIPPABLE = (Status.RECEIVED, Status.FAILED, Status.DEAD, Status.PARKED, Status.WAITING)
 
 
 @dataclass
@@ -122,6 +123,93 @@ def retry_now(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) ->
     return _act("retry", rows, RETRYABLE, None, change, options)
 
 
+def skip(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> ActionResult:
+    """Skip versions of an ordered consumer ("skip this version"): the rows go ``skipped``
+    without running, with the operator's history entry. A skipped version that is its key's
+    next one counts as applied, so the key's following version runs. Rows without a
+    sequence, of consumers that are not ordered, or being processed are refused.
+
+    Each row is decided in its own transaction holding its key's lock (taken before the row's,
+    in the order workers take them).
+    """
+    actor, reason, via, dry_run, keep = _options("skip", options)
+    using = inbox_settings.database
+    result = ActionResult(action="skip", dry_run=dry_run)
+    candidates = (
+        rows.using(using).order_by("pk").values_list("pk", "consumer", "key", "sequence", "status")
+    )
+    for pk, consumer, key, sequence, status in candidates.iterator():
+        if status not in SKIPPABLE:
+            result.refused[f"{status} (cannot skip from {status})"] += 1
+            continue
+        if sequence is None or not ordering.applies(consumer, key):
+            result.refused["not a version (key and sequence) of an ordered consumer"] += 1
+            continue
+        if dry_run:
+            result.changed[status] += 1
+            continue
+        skipped = _skip_one(pk, consumer, key, sequence, actor, reason, via, using)
+        if skipped is None:
+            result.refused["changed meanwhile (being processed, or already resolved)"] += 1
+            continue
+        result.changed[skipped.status] += 1
+        if keep is None or len(result.rows) < keep:
+            result.rows.append((pk, consumer, skipped.message_id, skipped.status))
+    return result
+
+
+def _skip_one(
+    pk: int, consumer: str, key: str, sequence: int, actor: str, reason: str, via: str,
+    using: str,
+) -> InboxMessage | None:  # fmt: skip
+    with transaction.atomic(using=using):
+        applied = ordering.lock(consumer, key, using, wait=True)
+        row = (
+            InboxMessage.objects.using(using)
+            .select_for_update()
+            .filter(pk=pk, status__in=SKIPPABLE)
+            .first()
+        )
+        if row is None or applied is None:
+            return None
+        now = timezone.now()
+        entry = history.action_entry(
+            "skip", at=now, actor=actor, reason=reason, previous_status=row.status,
+            attempts=row.attempts, via=via,
+        )  # fmt: skip
+        InboxMessage.objects.using(using).filter(pk=pk).update(
+            status=Status.SKIPPED,
+            next_attempt_at=None,
+            processed_at=now,
+            updated_at=now,
+            last_error=f"skipped by {actor}" + (f": {reason}" if reason else ""),
+            history=history.append(row.history, entry),
+        )
+        if sequence == applied + 1:
+            ordering.advance(consumer, key, sequence, now, using)
+    events.event(
+        "skipped", **events.about(row, using), detail=f"by {actor} via {via}, was {row.status}"
+    )
+    return row
+
+
+def _options(action: str, options: ActionOptions) -> tuple[str, str, str, bool, int | None]:
+    unknown = set(options) - set(ActionOptions.__annotations__)
+    if unknown or "actor" not in options:
+        raise TypeError(
+            f"{action}: unexpected keyword argument(s) {sorted(unknown)!r}"
+            if unknown
+            else f"{action}: the keyword argument 'actor' is required"
+        )
+    return (
+        options["actor"],
+        options.get("reason", ""),
+        options.get("via", "python"),
+        options.get("dry_run", False),
+        options.get("keep", 100),
+    )
+
+
 def _act(
     action: str,
     rows: QuerySet[InboxMessage],
@@ -130,16 +218,8 @@ def _act(
     change: Any,
     options: ActionOptions,
 ) -> ActionResult:
-    unknown = set(options) - set(ActionOptions.__annotations__)
-    if unknown or "actor" not in options:
-        raise TypeError(
-            f"{action}: unexpected keyword argument(s) {sorted(unknown)!r}"
-            if unknown
-            else f"{action}: the keyword argument 'actor' is required"
-        )
-    actor, reason, via = options["actor"], options.get("reason", ""), options.get("via", "python")
-    dry_run, batch_size = options.get("dry_run", False), options.get("batch_size", 500)
-    keep = options.get("keep", 100)
+    actor, reason, via, dry_run, keep = _options(action, options)
+    batch_size = options.get("batch_size", 500)
     using = inbox_settings.database
     result = ActionResult(action=action, dry_run=dry_run)
     other = rows.exclude(status__in=statuses).order_by().values("status").annotate(n=Count("pk"))

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import leases
+from .. import leases, ordering
 from ..conf import inbox_settings
 from ..models import InboxMessage
 from ..takeover import abandoned_status, record_abandoned_attempt, split_blame, whole_leases
@@ -34,6 +34,8 @@ class ReclaimResult:
     dead: int = 0
     #: Batch-mates of a running row that never started: back to due, attempt not counted.
     released: int = 0
+    #: Ordered consumers' ``waiting`` rows parked because their gap outlived ``gap_timeout``.
+    parked_gaps: int = 0
     #: ``(consumer, message_id, new status)`` of every row, in the order handled.
     rows: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -70,6 +72,8 @@ def reclaim(
     """
     using = inbox_settings.database
     result = ReclaimResult()
+    if not dry_run:
+        result.parked_gaps = ordering.park_expired_gaps(using, consumer=consumer)
     seen: set[int] = set()
     while True:
         now = timezone.now()

@@ -19,7 +19,7 @@ from django.db import connection, transaction
 
 from django_inbox import Park, Reject, inbox_handler
 
-from .models import Effect
+from .models import Effect, OrderedRun
 
 
 def _write(message, consumer):
@@ -88,3 +88,20 @@ def stream_effect(message):
 @inbox_handler("effect.write", consumer="audit")
 def audit_effect(message):
     _write(message, "audit")
+
+
+@inbox_handler("ordered.apply", consumer="ordered")
+def apply_ordered(message):
+    """Records each version it applies, with its start and end; misbehaves as asked."""
+    started = time.time()
+    _misbehave(message)
+    if isinstance(message.payload, dict) and message.payload.get("hold"):
+        time.sleep(message.payload["hold"])
+    OrderedRun.objects.create(
+        key=message.key,
+        sequence=message.sequence,
+        message_id=message.message_id,
+        started=started,
+        ended=time.time(),
+        pid=os.getpid(),
+    )

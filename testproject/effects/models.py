@@ -12,3 +12,18 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer}:{self.message_id} attempt {self.attempt}"
+
+
+class OrderedRun(models.Model):
+    """One row per committed run of the ordered consumer's handler: which version of which
+    key, and when the handler started and ended (to show that runs of a key never overlap)."""
+
+    key = models.CharField(max_length=255)
+    sequence = models.BigIntegerField(null=True)
+    message_id = models.CharField(max_length=255)
+    started = models.FloatField()
+    ended = models.FloatField()
+    pid = models.IntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.key}@{self.sequence}"

@@ -76,6 +76,15 @@ INBOX_CONSUMERS = {
     "payments": {"max_attempts": 4, "backoff_base": 0.05, "backoff_max": 0.2},
     # Test consumers: short leases so crash tests see dead workers' rows come back quickly.
     "stream": {"backoff_base": 0.05, "backoff_max": 0.5, "lease": 2.0},
+    # The ordered consumer's tests: versions per key, gaps parked after ORDERED_GAP_TIMEOUT.
+    "ordered": {
+        "ordered": True,
+        "gap_timeout": env("ORDERED_GAP_TIMEOUT", default="10m"),
+        "max_attempts": 3,
+        "backoff_base": 0.01,
+        "backoff_max": 0.05,
+        "lease": 5.0,
+    },
     "effects": {
         "max_attempts": 3,
         "backoff_base": 0.01,

@@ -14,8 +14,8 @@ from ...models import InboxMessage
 Status = InboxMessage.Status
 
 COLUMNS = (
-    "consumer", "message_id", "source", "event_type", "key", "payload", "headers", "status",
-    "attempts", "last_error", "history", "received_at", "updated_at", "next_attempt_at",
+    "consumer", "message_id", "source", "event_type", "key", "sequence", "payload", "headers",
+    "status", "attempts", "last_error", "history", "received_at", "updated_at", "next_attempt_at",
     "locked_until", "lease_id", "processed_at",
 )  # fmt: skip
 JSON_COLUMNS = {"payload", "headers", "history"}
@@ -34,6 +34,7 @@ class NewRow:
     headers: str = "{}"
     source: str = ""
     key: str = ""
+    sequence: int | None = None
     status: str = Status.RECEIVED
     attempts: int = 0
     last_error: str = ""

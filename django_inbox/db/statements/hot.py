@@ -172,7 +172,7 @@ def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tupl
     stamp = connection.ops.adapt_datetimefield_value(now)
     params: list[Any] = []
     for row in ordered:
-        params += [row.consumer, row.message_id, row.source, row.event_type, row.key]
+        params += [row.consumer, row.message_id, row.source, row.event_type, row.key, row.sequence]
         params += [row.payload, row.headers, stamp, stamp, stamp]
     sql = (
         f"INSERT INTO {table_of(using)} ({', '.join(quote(c) for c in COLUMNS)}) VALUES "

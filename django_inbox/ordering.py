@@ -1,0 +1,209 @@
+"""Ordered consumers: a key's messages one at a time, in ascending ``sequence``.
+
+A consumer with ``"ordered": True`` in ``INBOX_CONSUMERS`` keeps, per ``(consumer, key)``, the
+last applied sequence in :class:`~django_inbox.models.InboxKey`. Every decision about a keyed
+message of such a consumer is taken in a transaction that holds that row's lock
+(``SELECT … FOR UPDATE``; on SQLite the write lock of the whole database):
+
+- ``sequence <= applied``: stale. The handler does not run; the row is ``skipped``.
+- ``sequence == applied + 1``: the handler runs; ``applied`` becomes ``sequence`` in the
+  handler's transaction, and the key's next version, if it waits, is made due (``received``).
+- ``sequence > applied + 1``: a gap (or an earlier version still failing). The row is
+  ``waiting``, with its gap deadline in ``next_attempt_at``; it runs once its predecessor is
+  applied. Past the deadline with no row for the missing sequence at all, it is ``parked``
+  (:func:`park_expired_gaps`); a replay of it then runs it past the gap.
+- no ``sequence``: the handler runs, one at a time with the key's other messages; ``applied``
+  does not move.
+
+Because the decision and the release of the next version both happen under the key's lock,
+no version can be left waiting by a race: whichever transaction commits second sees the
+other's work. Keys never wait for each other. Unordered consumers and messages without a key
+never reach this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from . import events, history
+from .conf import inbox_settings
+from .models import InboxKey, InboxMessage
+
+logger = logging.getLogger("django_inbox")
+Status = InboxMessage.Status
+
+#: ``last_error`` of a row parked because its gap was never filled starts with this.
+GAP_PREFIX = "gap: "
+#: Waiting rows looked at per sweep.
+SWEEP_BATCH = 500
+
+
+class Verdict(StrEnum):
+    RUN = "run"
+    SKIP = "skip"
+    WAIT = "wait"
+    #: Another transaction holds the key (a worker that must not block gives the row back).
+    BUSY = "busy"
+
+
+def applies(consumer: str, key: str) -> bool:
+    """Whether a message of ``consumer`` with ``key`` is ordered (cheap: the hot path asks)."""
+    return bool(key) and inbox_settings.ordered(consumer)
+
+
+def lock(consumer: str, key: str, using: str, *, wait: bool = True) -> int | None:
+    """Lock ``key``'s row for the caller's transaction and return its applied sequence
+    (``first_sequence - 1`` for a new key); ``None`` if another transaction holds it and
+    ``wait`` is false."""
+    connection = connections[using]
+    rows = InboxKey.objects.using(using).filter(consumer=consumer, key=key)
+    if connection.features.has_select_for_update:
+        if connection.features.has_select_for_update_skip_locked and not wait:
+            rows = rows.select_for_update(skip_locked=True)
+        else:
+            rows = rows.select_for_update()
+        found = list(rows.values_list("applied_sequence", flat=True))
+        if found:
+            return int(found[0])
+    # A new key (or, on SQLite, any key: the insert takes the database's write lock before
+    # the read, so two processes cannot both read the same applied sequence).
+    first = inbox_settings.policy(consumer).first_sequence
+    InboxKey.objects.using(using).bulk_create(
+        [InboxKey(consumer=consumer, key=key, applied_sequence=first - 1)],
+        ignore_conflicts=True,
+    )
+    found = list(rows.values_list("applied_sequence", flat=True))
+    return int(found[0]) if found else None
+
+
+def decide(sequence: int | None, applied: int | None) -> Verdict:
+    if applied is None:
+        return Verdict.BUSY
+    if sequence is None or sequence == applied + 1:
+        return Verdict.RUN
+    return Verdict.SKIP if sequence <= applied else Verdict.WAIT
+
+
+def stale_reason(key: str, sequence: int, applied: int) -> str:
+    return f"stale: key {key!r} has already applied sequence {applied}; this is {sequence}"
+
+
+def waiting_reason(key: str, sequence: int, applied: int) -> str:
+    return (
+        f"waits for sequence {applied + 1} of key {key!r} (applied: {applied}); this is {sequence}"
+    )
+
+
+def gap_deadline(consumer: str, now: datetime) -> datetime:
+    return now + timedelta(seconds=inbox_settings.policy(consumer).gap_timeout)
+
+
+def advance(consumer: str, key: str, sequence: int, now: datetime, using: str) -> list[str]:
+    """In the run's transaction: ``key`` has applied ``sequence``; make the next version due.
+    Returns the message ids made due."""
+    InboxKey.objects.using(using).filter(consumer=consumer, key=key).update(
+        applied_sequence=sequence, updated_at=now
+    )
+    return release_next(consumer, key, sequence + 1, now, using)
+
+
+def release_next(consumer: str, key: str, sequence: int, now: datetime, using: str) -> list[str]:
+    """Make ``key``'s waiting rows of ``sequence`` due now (under the key's lock)."""
+    rows = InboxMessage.objects.using(using).filter(
+        consumer=consumer, key=key, sequence=sequence, status=Status.WAITING
+    )
+    ids = list(rows.values_list("message_id", flat=True))
+    if ids:
+        rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now, last_error="")
+    return ids
+
+
+def past_gap(message: InboxMessage) -> bool:
+    """Whether an operator replayed this row after it was parked for a gap: it then runs past
+    the gap (the missing versions, should they come, are stale)."""
+    last = message.history[-1] if message.history else {}
+    return message.last_error.startswith(GAP_PREFIX) and last.get("kind") == "replay"
+
+
+def past_gap_entry(applied: int, sequence: int, now: datetime) -> dict[str, Any]:
+    return {
+        "kind": "past_gap",
+        "at": now.isoformat(),
+        "message": (
+            f"ran past the gap: sequences {applied + 1} to {sequence - 1} never arrived; "
+            f"should they, they are stale"
+        ),
+    }
+
+
+def park_expired_gaps(using: str | None = None, *, consumer: str | None = None) -> int:
+    """Look at ``waiting`` rows past their gap deadline: park those whose missing sequence
+    never arrived (``last_error`` names the key and the sequence), release those whose
+    predecessor has been applied meanwhile, and give more time to those held back by a
+    predecessor that exists (failing, dead or parked: an operator resolves it). Returns how
+    many rows were parked. Called by ``inbox_process`` and ``inbox_reclaim``."""
+    using = using or inbox_settings.database
+    now = timezone.now()
+    rows = InboxMessage.objects.using(using).filter(status=Status.WAITING, next_attempt_at__lte=now)
+    if consumer is not None:
+        rows = rows.filter(consumer=consumer)
+    due = list(rows.order_by("next_attempt_at").values_list("pk", flat=True)[:SWEEP_BATCH])
+    parked = 0
+    for pk in due:
+        parked += _look_at_waiting(pk, now, using)
+    return parked
+
+
+def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
+    with transaction.atomic(using=using):
+        found = InboxMessage.objects.using(using).filter(pk=pk, status=Status.WAITING).first()
+        if found is None or found.sequence is None:
+            return 0
+        applied = lock(found.consumer, found.key, using, wait=False)
+        if applied is None:
+            return 0  # busy: whoever holds the key decides; the next sweep looks again
+        rows = InboxMessage.objects.using(using).filter(pk=pk, status=Status.WAITING)
+        verdict = decide(found.sequence, applied)
+        if verdict is Verdict.RUN:
+            rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now)
+            return 0
+        if verdict is Verdict.SKIP:
+            rows.update(
+                status=Status.SKIPPED,
+                next_attempt_at=None,
+                updated_at=now,
+                processed_at=now,
+                last_error=stale_reason(found.key, found.sequence, applied),
+            )
+            return 0
+        missing = applied + 1
+        held = InboxMessage.objects.using(using).filter(
+            consumer=found.consumer, key=found.key, sequence=missing
+        )
+        if held.exists():
+            rows.update(next_attempt_at=gap_deadline(found.consumer, now), updated_at=now)
+            return 0
+        timeout = inbox_settings.policy(found.consumer).gap_timeout
+        reason = (
+            f"{GAP_PREFIX}key {found.key!r} is missing sequence {missing} (applied: {applied}; "
+            f"this is {found.sequence}); it did not arrive within {timeout:g}s. Replay this "
+            "message to run it past the gap, or deliver the missing one and replay"
+        )
+        entry = {"kind": "gap", "at": now.isoformat(), "message": reason, "missing": missing}
+        rows.update(
+            status=Status.PARKED,
+            next_attempt_at=None,
+            updated_at=now,
+            last_error=reason,
+            history=history.append(found.history, entry),
+        )
+    events.event(
+        "parked", **events.about(found, using), error_type="Gap", detail=f"missing {missing}"
+    )
+    return 1

@@ -1,0 +1,222 @@
+"""Ordered consumers (any database): per key, by sequence; stale versions skipped, gaps
+waited for and parked, a failing version holding back only its own key."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from effects.models import OrderedRun
+
+from django_inbox import InvalidField, Outcome, deliver, store
+from django_inbox.models import InboxKey, InboxMessage
+from django_inbox.ordering import GAP_PREFIX, park_expired_gaps
+from django_inbox.services import operator
+from django_inbox.services.reclaim import reclaim
+from django_inbox.worker import Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+Status = InboxMessage.Status
+CONSUMER = "ordered"
+
+
+def send(key: str, sequence: int | None, message_id: str | None = None, **payload: Any) -> Outcome:
+    return deliver(
+        consumer=CONSUMER, message_id=message_id or f"{key}-{sequence}",
+        event_type="ordered.apply", payload=payload, key=key, sequence=sequence,
+    )  # fmt: skip
+
+
+def put(key: str, sequence: int | None, message_id: str | None = None, **payload: Any) -> bool:
+    return store(
+        consumer=CONSUMER, message_id=message_id or f"{key}-{sequence}",
+        event_type="ordered.apply", payload=payload, key=key, sequence=sequence,
+    )  # fmt: skip
+
+
+def applied(key: str) -> int | None:
+    found = InboxKey.objects.filter(consumer=CONSUMER, key=key).first()
+    return None if found is None else found.applied_sequence
+
+
+def runs(key: str) -> list[int | None]:
+    return list(
+        OrderedRun.objects.filter(key=key).order_by("id").values_list("sequence", flat=True)
+    )
+
+
+def row(message_id: str) -> InboxMessage:
+    return InboxMessage.objects.get(consumer=CONSUMER, message_id=message_id)
+
+
+def drain(**options: Any) -> None:
+    Worker([CONSUMER], until_idle=0, poll_interval=0.01, **options).run()
+
+
+def ordered_policy(**policy: Any) -> Any:
+    from django.conf import settings
+
+    consumers = {**settings.INBOX_CONSUMERS}
+    consumers[CONSUMER] = {**consumers[CONSUMER], **policy}
+    return override_settings(INBOX_CONSUMERS=consumers)
+
+
+def test_versions_in_order_run_and_the_key_remembers_the_last() -> None:
+    assert [send("K", n) for n in (1, 2, 3)] == [Outcome.PROCESSED] * 3
+    assert runs("K") == [1, 2, 3]
+    assert applied("K") == 3
+
+
+def test_a_gap_waits_and_the_delivery_that_fills_it_runs_both_in_order() -> None:
+    assert send("K", 3) == Outcome.WAITING
+    assert send("K", 2) == Outcome.WAITING
+    waiting = row("K-3")
+    assert waiting.status == Status.WAITING and waiting.attempts == 0
+    assert "waits for sequence 1 of key 'K'" in waiting.last_error
+    assert runs("K") == []
+
+    assert send("K", 1) == Outcome.PROCESSED
+
+    assert runs("K") == [1, 2, 3]
+    assert applied("K") == 3
+    assert {r.status for r in InboxMessage.objects.filter(key="K")} == {Status.COMPLETED}
+    assert row("K-3").last_error == ""
+
+
+def test_a_stale_version_with_a_new_message_id_is_skipped_not_run() -> None:
+    send("K", 1)
+    send("K", 2)
+
+    assert send("K", 1, message_id="K-1-resent") == Outcome.SKIPPED
+
+    skipped = row("K-1-resent")
+    assert skipped.status == Status.SKIPPED
+    assert "stale: key 'K' has already applied sequence 2; this is 1" in skipped.last_error
+    assert runs("K") == [1, 2]
+    # Delivered again, it is still skipped; the same id as before is a duplicate.
+    assert send("K", 1, message_id="K-1-resent") == Outcome.SKIPPED
+    assert send("K", 1) == Outcome.DUPLICATE
+
+
+def test_a_failing_version_holds_back_its_key_while_another_key_flows() -> None:
+    assert send("K", 1, fail_times=1) == Outcome.FAILED
+    assert send("K", 2) == Outcome.WAITING
+    assert send("L", 1) == Outcome.PROCESSED
+    assert send("L", 2) == Outcome.PROCESSED
+    assert runs("K") == [] and runs("L") == [1, 2]
+
+    time.sleep(0.1)  # the retry's backoff (at most 0.05 s)
+    drain()
+
+    assert runs("K") == [1, 2]
+    assert row("K-1").attempts == 2 and row("K-2").status == Status.COMPLETED
+
+
+def test_a_dead_version_keeps_its_successors_waiting_until_an_operator_skips_it() -> None:
+    with ordered_policy(gap_timeout=0.05):
+        assert send("K", 1, fail_always=True) == Outcome.FAILED
+        assert send("K", 2) == Outcome.WAITING
+        for _ in range(5):
+            time.sleep(0.1)
+            drain()
+        assert row("K-1").status == Status.DEAD
+        # Past the gap timeout, but the missing version exists (dead): not a gap, no park.
+        assert park_expired_gaps() == 0
+        assert row("K-2").status == Status.WAITING
+
+        result = operator.skip(
+            InboxMessage.objects.filter(message_id="K-1"), actor="alice", reason="bad data"
+        )
+
+    assert result.total == 1
+    skipped = row("K-1")
+    assert skipped.status == Status.SKIPPED
+    assert skipped.history[-1]["kind"] == "skip" and skipped.history[-1]["by"] == "alice"
+    assert applied("K") == 1
+    drain()
+    assert runs("K") == [2]
+    assert applied("K") == 2
+
+
+def test_a_gap_past_its_timeout_is_parked_and_a_replay_runs_it_past_the_gap() -> None:
+    with ordered_policy(gap_timeout=0.05):
+        send("K", 1)
+        assert send("K", 4) == Outcome.WAITING
+        time.sleep(0.1)
+        assert reclaim().parked_gaps == 1
+
+        parked = row("K-4")
+        assert parked.status == Status.PARKED
+        assert parked.last_error.startswith(GAP_PREFIX)
+        assert "key 'K' is missing sequence 2 (applied: 1; this is 4)" in parked.last_error
+        assert parked.history[-1]["kind"] == "gap"
+
+        operator.replay(InboxMessage.objects.filter(message_id="K-4"), actor="bob")
+        drain()
+
+    done = row("K-4")
+    assert done.status == Status.COMPLETED
+    assert [entry["kind"] for entry in done.history] == ["gap", "replay", "past_gap"]
+    assert "sequences 2 to 3 never arrived" in done.history[-1]["message"]
+    assert runs("K") == [1, 4]
+    assert applied("K") == 4
+    assert send("K", 2) == Outcome.SKIPPED  # arrived too late: stale now
+
+
+def test_stored_versions_in_shuffled_order_are_applied_in_order_by_workers() -> None:
+    rng = random.Random(7)
+    versions = [(key, n) for key in "ABCD" for n in range(1, 16)]
+    rng.shuffle(versions)
+    for key, n in versions:
+        assert put(key, n)
+
+    drain(batch_size=7)
+
+    for key in "ABCD":
+        assert runs(key) == list(range(1, 16)), key
+        assert applied(key) == 15
+    assert InboxMessage.objects.exclude(status=Status.COMPLETED).count() == 0
+
+
+def test_commit_every_keeps_each_keys_order() -> None:
+    versions = [(key, n) for key in "AB" for n in range(1, 11)]
+    random.Random(3).shuffle(versions)
+    for key, n in versions:
+        put(key, n)
+
+    drain(commit_every=5)
+
+    assert runs("A") == list(range(1, 11)) and runs("B") == list(range(1, 11))
+
+
+def test_messages_without_a_sequence_run_and_leave_the_key_alone() -> None:
+    send("K", 1)
+    assert send("K", None, message_id="note") == Outcome.PROCESSED
+    assert send("", 7, message_id="no-key") == Outcome.PROCESSED  # no key: not ordered
+    assert runs("K") == [1, None]
+    assert applied("K") == 1
+
+
+def test_unordered_consumers_ignore_sequences() -> None:
+    outcome = deliver(
+        consumer="effects", message_id="x", event_type="effect.write", payload={},
+        key="K", sequence=5,
+    )  # fmt: skip
+    assert outcome == Outcome.PROCESSED
+    assert InboxMessage.objects.get(message_id="x").sequence == 5
+    assert not InboxKey.objects.exists()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2**63, 1.5, True, "x", "1e3"])
+def test_a_bad_sequence_is_refused_and_nothing_is_stored(bad: object) -> None:
+    with pytest.raises(InvalidField, match="sequence"):
+        send("K", bad, message_id="bad")  # type: ignore[arg-type]
+    assert not InboxMessage.objects.exists()
+
+
+def test_a_sequence_in_text_is_taken() -> None:
+    assert send("K", "1", message_id="text") == Outcome.PROCESSED  # type: ignore[arg-type]
+    assert row("text").sequence == 1
