@@ -134,6 +134,7 @@ class InboxMessage(models.Model):
             ("force_replay_inboxmessage", "Can re-run completed inbox messages"),
             ("park_inboxmessage", "Can park inbox messages"),
             ("retry_inboxmessage", "Can retry failed inbox messages now"),
+            ("skip_inboxmessage", "Can skip versions of ordered consumers' messages"),
             ("view_payload_inboxmessage", "Can see inbox message payloads and headers"),
         ]
 

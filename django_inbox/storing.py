@@ -18,7 +18,14 @@ from .outcomes import Outcome
 from .registry import registry
 from .rows import NewRow
 from .text import storable, storable_json
-from .validation import CONSUMER_MAX, TEXT_MAX, clean_message_id, clean_text, encode_json
+from .validation import (
+    CONSUMER_MAX,
+    TEXT_MAX,
+    clean_message_id,
+    clean_sequence,
+    clean_text,
+    encode_json,
+)
 
 Status = InboxMessage.Status
 
@@ -82,6 +89,7 @@ def store_dead(
     headers: Mapping[str, Any] | None = None,
     source: str | None = "",
     key: str | None = "",
+    sequence: Any = None,
 ) -> bool:
     """Keep a message that can never be handled as ``dead``, with the reason; ``True`` if new.
 
@@ -102,12 +110,20 @@ def store_dead(
         event_type=storable(event_type or "unknown")[:TEXT_MAX],
         source=storable(source or "")[:TEXT_MAX],
         key=storable(key or "")[:TEXT_MAX],
+        sequence=_sequence_or_none(sequence),
         payload=_encode_or_note("payload", payload, max_bytes),
         headers=_encode_or_note(
             "headers", dict(headers) if isinstance(headers, Mapping) else {}, max_bytes
         ),
     )
     return _insert_dead(row, reason, error_type, inbox_settings.database)
+
+
+def _sequence_or_none(value: Any) -> int | None:
+    try:
+        return clean_sequence(value)
+    except InvalidMessage:
+        return None  # a dead letter keeps what it can; the reason says what was wrong
 
 
 def _encode_or_note(name: str, value: Any, max_bytes: int) -> str:

@@ -1,6 +1,6 @@
-"""The admin's actions: replay, force re-run, park and retry now, each behind its own
-permission, confirmed on a page of its own (with a reason), reported with counts, and audited
-with one ``LogEntry`` per changed row. They call :mod:`django_inbox.services`, as
+"""The admin's actions: replay, force re-run, park, retry now and skip (ordered consumers), each
+behind its own permission, confirmed on a page of its own (with a reason), reported with counts,
+and audited with one ``LogEntry`` per changed row. They call :mod:`django_inbox.services`, as
 ``inbox_replay`` does.
 
 A user without an action's permission neither sees it nor can run it with a forged POST:
@@ -99,6 +99,20 @@ ACTIONS: dict[str, Action] = {
         explain="The next attempt runs as soon as a worker polls, instead of after its "
         "backoff. Attempts already made still count.",
     ),
+    "skip_versions": Action(
+        permission="skip",
+        description="Skip these versions (ordered consumers)",
+        title="Skip versions of ordered consumers",
+        button="Skip this version",
+        verb="Skipped",
+        start=services.SKIPPABLE,
+        run=services.skip,
+        reason_required=True,
+        explain="They will never run: each becomes skipped. Where one is the next version of "
+        "its key, the key counts it as applied and its following version runs. Only "
+        "messages with a key and a sequence in an ordered consumer can be skipped. A reason "
+        "is required.",
+    ),
 }
 
 
@@ -127,6 +141,7 @@ class ActionsMixin(_Base):
     force_rerun_messages = _admin_action("force_rerun_messages")
     park_messages = _admin_action("park_messages")
     retry_messages_now = _admin_action("retry_messages_now")
+    skip_versions = _admin_action("skip_versions")
 
     def _has(self, request: HttpRequest, codename: str) -> bool:
         return bool(request.user.has_perm(PERMISSION_PREFIX + codename))
@@ -142,6 +157,9 @@ class ActionsMixin(_Base):
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return self._has(request, "retry_inboxmessage")
+
+    def has_skip_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "skip_inboxmessage")
 
     def _confirm_and_run(
         self, request: HttpRequest, selected: QuerySet[InboxMessage], name: str

@@ -10,22 +10,26 @@ from typing import TYPE_CHECKING, Any
 import django
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import BadRequest
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
-from ..models import ATTENTION_STATUSES, InboxMessage
+from ..conf import inbox_settings
+from ..models import ATTENTION_STATUSES, InboxKey, InboxMessage
 from ..services import (
     known_consumers,
 )
 from .actions import ACTIONS, ActionsMixin
 from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter
 from .paginator import CappedCountPaginator, InboxChangeList
-from .render import error_type, pretty_json, status_badge, summary, timeline
+from .render import error_type, key_versions, pretty_json, status_badge, summary, timeline
 
 Status = InboxMessage.Status
 #: Fields only users with ``view_payload_inboxmessage`` may see or filter the list by: the
@@ -57,6 +61,8 @@ class InboxMessageAdmin(ActionsMixin, _ModelAdmin):
         "next_attempt_at",
         "short_error",
     )
+    #: Versions the key view lists.
+    KEY_VIEW_LIMIT = 500
     list_display_links = ("message_id",)
     list_filter = ("status", ConsumerFilter, EventTypeFilter, ReceivedFilter)
     search_fields = ("message_id",)  # searched by get_search_results, through the indexes
@@ -184,7 +190,8 @@ class InboxMessageAdmin(ActionsMixin, _ModelAdmin):
                         "status_display",
                         ("consumer", "event_type"),
                         "message_id",
-                        ("source", "key"),
+                        ("source", "key", "sequence"),
+                        "ordering_display",
                         "idempotency_key",
                     )
                 },
@@ -213,6 +220,52 @@ class InboxMessageAdmin(ActionsMixin, _ModelAdmin):
             for line in fieldset[1]["fields"]
             for name in (line if isinstance(line, tuple) else (line,))
         ]
+
+    @admin.display(description="ordering")
+    def ordering_display(self, obj: InboxMessage) -> SafeString | str:
+        """For an ordered consumer's keyed message: its key's applied sequence, what this one
+        waits for, and a link to the key's view."""
+        if not obj.key or not inbox_settings.ordered(obj.consumer):
+            return 'not ordered (a consumer with "ordered": True orders messages with a key)'
+        state = InboxKey.objects.filter(consumer=obj.consumer, key=obj.key).first()
+        applied = None if state is None else state.applied_sequence
+        if applied is None:
+            where = "no version of this key applied yet"
+        else:
+            where = f"key applied up to sequence {applied}"
+        if obj.status == Status.WAITING and applied is not None:
+            where += f"; this message waits for sequence {applied + 1}"
+        url = (
+            reverse("admin:django_inbox_inboxmessage_key")
+            + "?"
+            + urlencode({"consumer": obj.consumer, "key": obj.key})
+        )
+        return format_html(
+            '{} — <a href="{}" id="inbox-key-link">all versions of this key</a>', where, url
+        )
+
+    def get_urls(self) -> list[Any]:
+        urls = super().get_urls()
+        view = self.admin_site.admin_view(self.key_view)
+        return [path("key/", view, name="django_inbox_inboxmessage_key"), *urls]
+
+    def key_view(self, request: HttpRequest) -> HttpResponse:
+        """All messages of one key of an ordered consumer, in sequence order."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        refuse_unstorable_query(request)
+        consumer = request.GET.get("consumer", "")
+        key = request.GET.get("key", "")
+        if not consumer or not key:
+            raise BadRequest("the key view needs ?consumer=…&key=…")
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Key {key}",
+            "opts": self.model._meta,
+            "view": key_versions(consumer, key, self.KEY_VIEW_LIMIT),
+            "limit": self.KEY_VIEW_LIMIT,
+        }
+        return TemplateResponse(request, "admin/django_inbox/inboxmessage/key_view.html", context)
 
     @admin.display(description="payload")
     def payload_display(self, obj: InboxMessage) -> SafeString:

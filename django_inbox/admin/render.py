@@ -23,6 +23,8 @@ STATUS_SYMBOLS = {
     "failed": "↻",
     "dead": "✗",
     "parked": "‖",
+    "waiting": "…",
+    "skipped": "↷",
 }
 
 
@@ -90,7 +92,9 @@ def error_type(last_error: str) -> str:
     return last_error.split(":", 1)[0].strip()
 
 
-_ACTION_VERBS = {"replay": "Replayed", "park": "Parked", "retry": "Retry now"}
+_ACTION_VERBS = {"replay": "Replayed", "park": "Parked", "retry": "Retry now", "skip": "Skipped"}
+#: History entries the ordering writes (no actor): their headline.
+_ORDERING_KINDS = {"gap": "Parked: a gap", "past_gap": "Ran past the gap"}
 
 
 def _action_item(entry: dict[str, Any]) -> SafeString:
@@ -126,6 +130,15 @@ def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
             items.append(_error_item(entry, errors=errors))
         elif entry.get("kind") == "interrupted":
             items.append(_interrupted_item(entry, errors=errors))
+        elif entry.get("kind") in _ORDERING_KINDS:
+            items.append(
+                format_html(
+                    '<li class="inbox-event"><time>{}</time> <strong>{}</strong>: {}</li>',
+                    _when(entry.get("at")),
+                    _ORDERING_KINDS[entry["kind"]],
+                    entry.get("message", ""),
+                )
+            )
         else:
             items.append(_action_item(entry))
     if message.processed_at is not None:
@@ -189,4 +202,33 @@ def summary() -> dict[str, Any]:
         "completed_estimated": stats.completed_estimated,
         "max_pending_age": stats.max_pending_age,
         "at": stats.at,
+    }
+
+
+def key_versions(consumer: str, key: str, limit: int) -> dict[str, Any]:
+    """One key of an ordered consumer: its applied sequence and its messages in sequence
+    order (read through the sequence index), for the admin's key view."""
+    from ..models import InboxKey
+
+    state = InboxKey.objects.filter(consumer=consumer, key=key).first()
+    rows = list(
+        InboxMessage.objects.filter(consumer=consumer, key=key)
+        .order_by("sequence", "pk")
+        .only("pk", "message_id", "sequence", "status", "event_type", "received_at", "updated_at")[
+            : limit + 1
+        ]
+    )
+    return {
+        "consumer": consumer,
+        "key": key,
+        "applied": None if state is None else state.applied_sequence,
+        "rows": [
+            {
+                "url": reverse("admin:django_inbox_inboxmessage_change", args=[row.pk]),
+                "row": row,
+                "status": status_badge(row.status),
+            }
+            for row in rows[:limit]
+        ],
+        "more": len(rows) > limit,
     }

@@ -56,6 +56,8 @@ class Envelope:
     headers: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     key: str = ""
+    #: The key's version, as the message carries it (validated by ``deliver()``/``store()``).
+    sequence: Any = None
     redelivered: bool = False
     problem: str | None = None
 
@@ -67,6 +69,9 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
     header, else the JSON body's ``id`` (a structured CloudEvent's ``id``). A CloudEvent's
     identity is its ``source`` plus its ``id``, so ``message_id`` becomes ``"<source>#<id>"``
     when the id is a CloudEvents id with a source.
+
+    Ordering: the key from a ``ce-partitionkey``/``partition_key``/``key`` header, the
+    sequence from a ``sequence``/``ce-sequence`` header (see :func:`_sequence`).
 
     Type: the AMQP ``type`` property, else a ``ce-type``/``ce_type``/``event_type`` header,
     else the body's ``type``. Content types: JSON and CloudEvents JSON (structured, whose
@@ -114,9 +119,19 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
         key=_first(headers, "ce-partitionkey", "ce_partitionkey", "partition_key", "key")
         or _text(ce_attributes.get("partitionkey"))
         or "",
+        sequence=_sequence(headers, ce_attributes),
         redelivered=_redelivered(message, headers),
         problem=problem,
     )
+
+
+def _sequence(headers: dict[str, Any], ce_attributes: dict[str, Any]) -> Any:
+    """A ``sequence`` header (``ce-sequence``/``ce_sequence`` for CloudEvents' sequence
+    extension, or a structured CloudEvent's ``sequence``); ``None`` if there is none."""
+    for name in ("sequence", "ce-sequence", "ce_sequence"):
+        if headers.get(name) is not None:
+            return headers[name]
+    return ce_attributes.get("sequence")
 
 
 def identity(message: BrokerMessage) -> str | None:

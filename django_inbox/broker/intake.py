@@ -114,6 +114,7 @@ class Intake:
             "headers": envelope.headers,
             "source": envelope.source[:255],
             "key": envelope.key[:255],
+            "sequence": envelope.sequence,
         }
 
     def _decide(self, envelope: Envelope) -> Decision:

@@ -112,6 +112,18 @@ GAUGES = {
         "inbox_oldest_pending_age_seconds",
         "How long the longest-waiting due message has waited for a worker.",
     ),
+    "waiting": (
+        "inbox_waiting",
+        "Ordered consumers' messages waiting for an earlier sequence of their key.",
+    ),
+    "waiting_age": (
+        "inbox_oldest_waiting_age_seconds",
+        "How long the longest-waiting message of an ordered consumer has waited.",
+    ),
+    "parked_gaps": (
+        "inbox_parked_gaps",
+        "Ordered consumers' messages parked because a sequence never arrived.",
+    ),
 }
 
 
@@ -141,6 +153,9 @@ class StatsCollector(Collector):
             gauges["dead"].add_metric([name], consumer.counts["dead"] or 0)
             gauges["parked"].add_metric([name], consumer.counts["parked"] or 0)
             gauges["age"].add_metric([name], consumer.oldest_pending_age)
+            gauges["waiting"].add_metric([name], consumer.counts["waiting"] or 0)
+            gauges["waiting_age"].add_metric([name], consumer.oldest_waiting_age)
+            gauges["parked_gaps"].add_metric([name], consumer.parked_gaps)
         yield from gauges.values()
 
 

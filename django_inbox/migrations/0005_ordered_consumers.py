@@ -1,5 +1,6 @@
 """Ordered consumers: a row's ``sequence``, the ``waiting`` and ``skipped`` statuses, and the
-per-key table of applied sequences. Adding a nullable column rewrites nothing."""
+per-key table of applied sequences, and the permission to skip a version. Adding a nullable
+column rewrites nothing."""
 
 import django.utils.timezone
 from django.db import migrations, models
@@ -39,5 +40,9 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='inboxkey',
             constraint=models.UniqueConstraint(fields=('consumer', 'key'), name='django_inbox_unique_key'),
+        ),
+        migrations.AlterModelOptions(
+            name='inboxmessage',
+            options={'permissions': [('replay_inboxmessage', 'Can replay dead or parked inbox messages'), ('force_replay_inboxmessage', 'Can re-run completed inbox messages'), ('park_inboxmessage', 'Can park inbox messages'), ('retry_inboxmessage', 'Can retry failed inbox messages now'), ('skip_inboxmessage', "Can skip versions of ordered consumers' messages"), ('view_payload_inboxmessage', 'Can see inbox message payloads and headers')], 'verbose_name': 'inbox message', 'verbose_name_plural': 'inbox messages'},
         ),
     ]

@@ -29,7 +29,12 @@ from ..models import InboxMessage
 Status = InboxMessage.Status
 
 #: The statuses :func:`purge` may delete, and the column their age is measured from.
-PURGEABLE = {Status.COMPLETED: "processed_at", Status.DEAD: "updated_at"}
+PURGEABLE = {
+    Status.COMPLETED: "processed_at",
+    # Stale versions an ordered consumer skipped: done, kept as long as completed rows.
+    Status.SKIPPED: "processed_at",
+    Status.DEAD: "updated_at",
+}
 
 
 @dataclass
@@ -73,7 +78,7 @@ def _retention(status: str, consumer: str | None) -> float | None:
     else:
         policy = inbox_settings.policy(consumer)
         completed, dead = policy.retention, policy.dead_retention
-    return completed if status == Status.COMPLETED else dead
+    return dead if status == Status.DEAD else completed
 
 
 def _check_purgeable(status: str) -> None:
@@ -156,7 +161,7 @@ def purge(
     started = time.monotonic()
     now = timezone.now()
     for status in statuses:
-        age = older_than if explicit or status == Status.COMPLETED else None
+        age = older_than if explicit or status != Status.DEAD else None
         rows = expired(status, older_than=age, consumer=consumer, now=now)
         if rows is None:
             result.skipped.append(str(status))
@@ -177,6 +182,9 @@ def purge(
                 progress(PurgeProgress(result.total, result.batches, time.monotonic() - started))
             if pause:
                 time.sleep(pause)
+    if not explicit and not result.deleted.get(Status.SKIPPED):
+        # Only ordered consumers have skipped rows: don't report them to everyone else.
+        result.deleted.pop(str(Status.SKIPPED), None)
     result.elapsed = time.monotonic() - started
     return result
 

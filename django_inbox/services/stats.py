@@ -18,6 +18,7 @@ from django.utils import timezone
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
+from ..ordering import GAP_PREFIX
 from ..registry import registry
 
 Status = InboxMessage.Status
@@ -43,6 +44,10 @@ class ConsumerStats:
     oldest_pending_age: float = 0.0
     #: When the oldest row still to process (``received``/``failed``/``in_progress``) arrived.
     oldest_pending_received_at: datetime | None = None
+    #: Ordered consumers: seconds the longest-``waiting`` row has waited for its predecessor.
+    oldest_waiting_age: float = 0.0
+    #: Ordered consumers: ``parked`` rows whose gap outlived ``gap_timeout``.
+    parked_gaps: int = 0
 
     @property
     def pending(self) -> int:
@@ -99,6 +104,8 @@ class InboxStats:
                         if consumer.oldest_pending_received_at
                         else None
                     ),
+                    "oldest_waiting_age": round(consumer.oldest_waiting_age, 3),
+                    "parked_gaps": consumer.parked_gaps,
                 }
                 for name, consumer in sorted(self.consumers.items())
             },
@@ -160,30 +167,46 @@ def collect(
             age = (now - row["first_due"]).total_seconds()
             stats.oldest_pending_age = max(stats.oldest_pending_age, age)
     attention = (
-        rows.filter(status__in=ATTENTION_STATUSES)
+        rows.filter(status__in=(*ATTENTION_STATUSES, Status.WAITING))
         .values("consumer", "status")
-        .annotate(n=Count("id"))
+        .annotate(
+            n=Count("id"),
+            since=Min("updated_at"),
+            gaps=Count("id", filter=Q(last_error__startswith=GAP_PREFIX)),
+        )
     )
     for found_row in attention:
-        of(found_row["consumer"]).counts[found_row["status"]] = found_row["n"]
+        stats = of(found_row["consumer"])
+        stats.counts[found_row["status"]] = found_row["n"]
+        if found_row["status"] == Status.WAITING and found_row["since"] is not None:
+            stats.oldest_waiting_age = max(0.0, (now - found_row["since"]).total_seconds())
+        if found_row["status"] == Status.PARKED:
+            stats.parked_gaps = found_row["gaps"]
 
     table_rows = 0 if exact or consumer is not None else estimated_rows(using)
     threshold = ESTIMATE_ABOVE if estimate_above is None else estimate_above
     estimated = table_rows > threshold
     if estimated:
         others = sum(
-            s.pending + (s.counts[Status.DEAD] or 0) + (s.counts[Status.PARKED] or 0)
+            s.pending
+            + sum(s.counts[status] or 0 for status in (*ATTENTION_STATUSES, Status.WAITING))
             for s in found.values()
         )
         completed_total = max(table_rows - others, 0)
         for stats in found.values():
             stats.counts[Status.COMPLETED] = None
+            stats.counts[Status.SKIPPED] = None  # counted with completed in the estimate
     else:
         completed_total = 0
-        completed = rows.filter(status=Status.COMPLETED).values("consumer").annotate(n=Count("id"))
+        completed = (
+            rows.filter(status__in=(Status.COMPLETED, Status.SKIPPED))
+            .values("consumer", "status")
+            .annotate(n=Count("id"))
+        )
         for count in completed:
-            of(count["consumer"]).counts[Status.COMPLETED] = count["n"]
-            completed_total += count["n"]
+            of(count["consumer"]).counts[count["status"]] = count["n"]
+            if count["status"] == Status.COMPLETED:
+                completed_total += count["n"]
     problems = _problems(found, max_pending_age, ignore)
     return InboxStats(
         at=now,

@@ -67,12 +67,23 @@ STARTS = {
     "force_rerun_messages": Status.COMPLETED,
     "park_messages": Status.RECEIVED,
     "retry_messages_now": Status.FAILED,
+    "skip_versions": Status.DEAD,
+}
+#: What a row needs besides its status for each action (skip: a version of an ordered consumer).
+FIELDS: dict[str, dict[str, Any]] = {
+    "skip_versions": {
+        "consumer": "ordered",
+        "event_type": "ordered.apply",
+        "key": "K",
+        "sequence": 1,
+    },
 }
 KINDS = {
     "replay_messages": "replay",
     "force_rerun_messages": "replay",
     "park_messages": "park",
     "retry_messages_now": "retry",
+    "skip_versions": "skip",
 }
 
 _ids = itertools.count(1)
@@ -261,6 +272,8 @@ def assert_changed_by(action: str, row: InboxMessage, before: tuple[Any, ...]) -
         assert row.next_attempt_at is not None and row.next_attempt_at <= now
     elif action == "park_messages":
         assert (row.status, row.next_attempt_at) == (Status.PARKED, None)
+    elif action == "skip_versions":
+        assert (row.status, row.next_attempt_at) == (Status.SKIPPED, None)
     else:  # retry now: still failed, attempts kept, due now instead of in an hour
         assert (row.status, row.attempts) == (Status.FAILED, before[1])
         assert row.next_attempt_at is not None and row.next_attempt_at <= now < before[2]
@@ -297,8 +310,8 @@ def test_changelist_shows_only_the_actions_the_user_may_run(role: str) -> None:
 def test_action_through_the_confirmation_page_only_when_permitted(role: str, action: str) -> None:
     """Post the action as the changelist does, then the confirmation page's own form. Users
     without the permission get no confirmation page, and their forged confirm changes nothing."""
-    row = make_row(STARTS[action])
-    untouched = make_row(STARTS[action])  # same status, not selected
+    row = make_row(STARTS[action], **FIELDS.get(action, {}))
+    untouched = make_row(STARTS[action], **FIELDS.get(action, {}))  # not selected
     user = make_user(role)
     client = login(user)
     before = snapshot()
@@ -351,7 +364,7 @@ def test_action_through_the_confirmation_page_only_when_permitted(role: str, act
 @pytest.mark.parametrize("role", list(ROLES))
 def test_forged_confirm_for_actions_the_user_lacks_changes_nothing(role: str) -> None:
     """confirm=yes posted directly for every action the role lacks, one row per action."""
-    rows = {action: make_row(status) for action, status in STARTS.items()}
+    rows = {action: make_row(status, **FIELDS.get(action, {})) for action, status in STARTS.items()}
     client = login(make_user(role))
     before = snapshot()
     lacking = [action for action in ACTIONS if action not in ALLOWED[role]]
@@ -381,7 +394,7 @@ def test_forged_confirm_for_actions_the_user_lacks_changes_nothing(role: str) ->
 @pytest.mark.django_db
 @pytest.mark.parametrize("role", list(ROLES))
 def test_post_without_csrf_token_is_rejected(role: str) -> None:
-    rows = {action: make_row(status) for action, status in STARTS.items()}
+    rows = {action: make_row(status, **FIELDS.get(action, {})) for action, status in STARTS.items()}
     user = make_user(role)
     client = login(user, enforce_csrf_checks=True)
     before = snapshot()

@@ -838,3 +838,23 @@ def test_key_header_beats_the_structured_partitionkey() -> None:
 @pytest.mark.parametrize("bad_id", [{"n": 1}, ["a"], True])
 def test_a_cloudevent_id_that_is_not_text_gives_no_identity(bad_id: Any) -> None:
     assert parsed(cloudevent(id=bad_id), content_type=CLOUDEVENTS).message_id is None
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        pytest.param({"sequence": 7}, 7, id="sequence"),
+        pytest.param({"sequence": "7"}, "7", id="sequence-text"),
+        pytest.param({"ce-sequence": "8"}, "8", id="ce-sequence"),
+        pytest.param({"ce_sequence": "9"}, "9", id="ce_sequence"),
+        pytest.param({"sequence": 1, "ce-sequence": "2"}, 1, id="sequence-first"),
+        pytest.param({}, None, id="none"),
+    ],
+)
+def test_sequence(headers: dict[str, Any], expected: Any) -> None:
+    """The sequence is passed on as carried; deliver()/store() validate it."""
+    assert parsed({"id": "1"}, headers=headers).sequence == expected
+
+
+def test_structured_cloudevent_gives_its_sequence() -> None:
+    assert parsed(cloudevent(sequence="12"), content_type=CLOUDEVENTS).sequence == "12"

@@ -101,6 +101,8 @@ def test_statuses() -> None:
         "failed",
         "dead",
         "parked",
+        "waiting",
+        "skipped",
     ]
     assert Status.RECEIVED == "received"
     assert message().status == Status.RECEIVED

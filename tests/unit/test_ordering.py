@@ -220,3 +220,72 @@ def test_a_bad_sequence_is_refused_and_nothing_is_stored(bad: object) -> None:
 def test_a_sequence_in_text_is_taken() -> None:
     assert send("K", "1", message_id="text") == Outcome.PROCESSED  # type: ignore[arg-type]
     assert row("text").sequence == 1
+
+
+def test_stats_count_waiting_rows_their_age_and_parked_gaps() -> None:
+    from django_inbox.services import collect
+
+    with ordered_policy(gap_timeout=0.05):
+        send("K", 1)
+        send("K", 3)  # waits for 2
+        send("L", 5)  # waits for 1
+        send("K", 1, message_id="stale")
+        time.sleep(0.1)
+        park_expired_gaps()
+        send("M", 2)  # waits, its gap not yet expired
+
+    stats = collect(consumer=CONSUMER).consumers[CONSUMER]
+    assert stats.counts["waiting"] == 1
+    assert stats.counts["skipped"] == 1
+    assert stats.counts["parked"] == 2 and stats.parked_gaps == 2
+    assert stats.oldest_waiting_age >= 0
+    assert collect(consumer=CONSUMER).as_dict()["consumers"][CONSUMER]["parked_gaps"] == 2
+
+
+def test_purge_deletes_old_skipped_rows_and_never_waiting_ones() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_inbox.services import purge
+
+    send("K", 1)
+    send("K", 1, message_id="stale")
+    send("K", 5)
+    long_ago = timezone.now() - timedelta(days=400)
+    InboxMessage.objects.update(processed_at=long_ago, updated_at=long_ago, received_at=long_ago)
+
+    result = purge()
+
+    assert result.deleted == {"completed": 1, "skipped": 1}
+    assert list(InboxMessage.objects.values_list("message_id", "status")) == [("K-5", "waiting")]
+
+
+def test_the_admin_shows_the_keys_applied_sequence_and_its_versions() -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.urls import reverse
+
+    send("K", 1)
+    send("K", 3)
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "r@example.com", "pw"))
+
+    page = client.get(reverse("admin:django_inbox_inboxmessage_change", args=[row("K-3").pk]))
+    text = page.content.decode()
+    assert "key applied up to sequence 1; this message waits for sequence 2" in text
+    assert 'id="inbox-key-link"' in text
+
+    view = client.get(
+        reverse("admin:django_inbox_inboxmessage_key"), {"consumer": CONSUMER, "key": "K"}
+    )
+    text = view.content.decode()
+    assert view.status_code == 200
+    assert "sequence <strong>1</strong> applied" in text
+    assert text.index(">K-1<") < text.index(">K-3<")
+    assert "inbox-status-waiting" in text and "inbox-status-completed" in text
+    assert client.get(reverse("admin:django_inbox_inboxmessage_key")).status_code == 400
+    listed = client.get(
+        reverse("admin:django_inbox_inboxmessage_changelist"), {"status__exact": "waiting"}
+    )
+    assert "K-3" in listed.content.decode() and "K-1<" not in listed.content.decode()

@@ -27,10 +27,10 @@ def purgeable_status(value: str) -> str:
 
 class Command(InboxCommand):
     help = (
-        "Delete completed rows older than their retention (INBOX_RETENTION), and dead rows "
-        "older than INBOX_DEAD_RETENTION if set, in short batches. Never deletes received, "
-        "in_progress, failed or parked rows. A duplicate of a purged message is processed "
-        "again. Exit codes: 0 done, 2 misconfigured."
+        "Delete completed (and skipped) rows older than their retention (INBOX_RETENTION), "
+        "and dead rows older than INBOX_DEAD_RETENTION if set, in short batches. Never deletes "
+        "received, in_progress, failed, parked or waiting rows. A duplicate of a purged "
+        "message is processed again. Exit codes: 0 done, 2 misconfigured."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -48,9 +48,9 @@ class Command(InboxCommand):
             dest="statuses",
             default=[],
             help=(
-                "completed or dead; repeat for both. Default: completed, and dead rows "
-                "past INBOX_DEAD_RETENTION if one is set (--older-than applies to dead rows "
-                "only when --status dead is given)."
+                "completed, skipped or dead; repeat for several. Default: completed and "
+                "skipped, and dead rows past INBOX_DEAD_RETENTION if one is set "
+                "(--older-than applies to dead rows only when --status dead is given)."
             ),
         )
         parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")

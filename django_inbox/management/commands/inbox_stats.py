@@ -114,6 +114,13 @@ def render(stats: InboxStats) -> str:
     ]
     if stats.completed_estimated:
         lines.append("~ completed rows estimated from the table size; --exact counts them")
+    for name, consumer in sorted(stats.consumers.items()):
+        waiting = consumer.counts["waiting"] or 0
+        if waiting or consumer.parked_gaps:
+            lines.append(
+                f"{name}: {waiting:,} waiting for an earlier sequence (oldest "
+                f"{_age(consumer.oldest_waiting_age)}), {consumer.parked_gaps:,} parked for a gap"
+            )
     if stats.problems:
         lines.append("")
         lines.append(f"PROBLEMS ({len(stats.problems)}):")
