@@ -99,7 +99,11 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
         return Outcome.IN_PROGRESS
     assert applied is not None
     now = timezone.now()
-    if verdict is ordering.Verdict.WAIT and ordering.past_gap(message):
+    if (
+        verdict is ordering.Verdict.WAIT
+        and ordering.past_gap(message)
+        and not ordering.predecessor_exists(message.consumer, message.key, applied + 1, using)
+    ):
         assert message.sequence is not None
         entry = ordering.past_gap_entry(applied, message.sequence, now)
         message.history = history.append(message.history, entry)

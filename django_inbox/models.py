@@ -128,6 +128,12 @@ class InboxMessage(models.Model):
                 condition=Q(sequence__isnull=False),
                 name="django_inbox_sequence_idx",
             ),
+            # Waiting rows by gap deadline: the sweep for expired gaps, the stats' waiting age.
+            models.Index(
+                fields=["consumer", "next_attempt_at"],
+                condition=Q(status="waiting"),
+                name="django_inbox_waiting_idx",
+            ),
         ]
         permissions = [
             ("replay_inboxmessage", "Can replay dead or parked inbox messages"),

@@ -126,9 +126,19 @@ def release_next(consumer: str, key: str, sequence: int, now: datetime, using: s
 
 def past_gap(message: InboxMessage) -> bool:
     """Whether an operator replayed this row after it was parked for a gap: it then runs past
-    the gap (the missing versions, should they come, are stale)."""
+    the gap (the missing versions, should they come, are stale), unless the missing version
+    has arrived since (the caller checks: :func:`predecessor_exists`)."""
     last = message.history[-1] if message.history else {}
     return message.last_error.startswith(GAP_PREFIX) and last.get("kind") == "replay"
+
+
+def predecessor_exists(consumer: str, key: str, sequence: int, using: str) -> bool:
+    """Whether any row holds ``sequence`` of ``key`` (whatever its status)."""
+    return (
+        InboxMessage.objects.using(using)
+        .filter(consumer=consumer, key=key, sequence=sequence)
+        .exists()
+    )
 
 
 def past_gap_entry(applied: int, sequence: int, now: datetime) -> dict[str, Any]:
@@ -183,10 +193,7 @@ def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
             )
             return 0
         missing = applied + 1
-        held = InboxMessage.objects.using(using).filter(
-            consumer=found.consumer, key=found.key, sequence=missing
-        )
-        if held.exists():
+        if predecessor_exists(found.consumer, found.key, missing, using):
             rows.update(next_attempt_at=gap_deadline(found.consumer, now), updated_at=now)
             return 0
         timeout = inbox_settings.policy(found.consumer).gap_timeout

@@ -1,42 +1,15 @@
-"""The index of ordered consumers' versions, ``(consumer, key, sequence)`` over the rows that
-have a sequence. On PostgreSQL it is built ``CONCURRENTLY``, so a large table keeps taking
-messages meanwhile; existing rows have no sequence, so the index starts empty."""
+"""Ordered consumers' indexes, built ``CONCURRENTLY`` on PostgreSQL so that a large table keeps
+taking messages meanwhile. Existing rows have no sequence and none waits, so both start empty:
+
+- ``django_inbox_sequence_idx``: a key's versions, ``(consumer, key, sequence)`` over the rows
+  that have a sequence (stale checks, the next waiting version, the admin's key view);
+- ``django_inbox_waiting_idx``: ``waiting`` rows by gap deadline, ``(consumer,
+  next_attempt_at)`` (the sweep for expired gaps, the stats' waiting age).
+"""
 
 from django.db import migrations, models
 
-INDEX = models.Index(
-    fields=["consumer", "key", "sequence"],
-    condition=models.Q(sequence__isnull=False),
-    name="django_inbox_sequence_idx",
-)
-
-
-def create(apps, schema_editor):
-    model = apps.get_model("django_inbox", "InboxMessage")
-    if schema_editor.connection.vendor != "postgresql":
-        schema_editor.add_index(model, INDEX)
-        return
-    with schema_editor.connection.cursor() as cursor:
-        # An interrupted CONCURRENTLY build leaves an INVALID index behind: build it again.
-        cursor.execute(
-            "SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = %s",
-            [INDEX.name],
-        )
-        found = cursor.fetchone()
-    if found and found[0]:
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX.name}")
-    if found and not found[0]:
-        return
-    schema_editor.add_index(model, INDEX, concurrently=True)
-
-
-def drop(apps, schema_editor):
-    model = apps.get_model("django_inbox", "InboxMessage")
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.remove_index(model, INDEX, concurrently=True)
-    else:
-        schema_editor.remove_index(model, INDEX)
+from django_inbox.db.operations import AddIndexConcurrently
 
 
 class Migration(migrations.Migration):
@@ -47,8 +20,20 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.SeparateDatabaseAndState(
-            database_operations=[migrations.RunPython(create, drop, elidable=False)],
-            state_operations=[migrations.AddIndex(model_name="inboxmessage", index=INDEX)],
-        )
+        AddIndexConcurrently(
+            model_name="inboxmessage",
+            index=models.Index(
+                condition=models.Q(("sequence__isnull", False)),
+                fields=["consumer", "key", "sequence"],
+                name="django_inbox_sequence_idx",
+            ),
+        ),
+        AddIndexConcurrently(
+            model_name="inboxmessage",
+            index=models.Index(
+                condition=models.Q(("status", "waiting")),
+                fields=["consumer", "next_attempt_at"],
+                name="django_inbox_waiting_idx",
+            ),
+        ),
     ]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 from effects.models import OrderedRun
 
 from django_inbox import InvalidField, Outcome, deliver, store
@@ -289,3 +291,25 @@ def test_the_admin_shows_the_keys_applied_sequence_and_its_versions() -> None:
         reverse("admin:django_inbox_inboxmessage_changelist"), {"status__exact": "waiting"}
     )
     assert "K-3" in listed.content.decode() and "K-1<" not in listed.content.decode()
+
+
+def test_a_replayed_gap_whose_missing_version_arrived_meanwhile_waits_for_it() -> None:
+    with ordered_policy(gap_timeout=0.05):
+        send("K", 1)
+        send("K", 3)
+        time.sleep(0.1)
+        park_expired_gaps()
+        assert send("K", 2, fail_times=1) == Outcome.FAILED  # arrived, but fails once
+        later = timezone.now() + timedelta(seconds=0.5)  # its retry's backoff, made longer
+        InboxMessage.objects.filter(message_id="K-2").update(next_attempt_at=later)
+
+        operator.replay(InboxMessage.objects.filter(message_id="K-3"), actor="bob")
+        drain()
+        assert row("K-3").status == Status.WAITING  # not past 2: it exists now
+        assert runs("K") == [1]
+
+        time.sleep(0.6)
+        drain()
+
+    assert runs("K") == [1, 2, 3]
+    assert "past_gap" not in [entry["kind"] for entry in row("K-3").history]
