@@ -68,6 +68,7 @@ TARGETS: dict[str, Any] = {
         "duplicate_floor": 0.80,
         "consume_plain": 0.85,
         "age0_persistent": 0.90,
+        "ordered_unordered": 0.80,
     },
 }
 

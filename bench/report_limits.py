@@ -147,13 +147,42 @@ class Limits(ReportData):
             f"{_f(self.median('store_batched'))} msg/s (no commit per message)."
         )
 
+    def limit_ordered(self) -> str | None:
+        if not self.median("drain_ordered"):
+            return None
+        un_wall, un_client, un_server = self.split("drain_unordered")
+        or_wall, or_client, or_server = self.split("drain_ordered")
+        swapped = self.data["figures"].get("drain_ordered_swapped", {})
+        released = swapped.get("us_per_released")
+        return (
+            f"- **2d. ordered drain = {_f(self.median('drain_ordered'))} msg/s against "
+            f"{_f(self.median('drain_unordered'))} unordered** (100 keys, each in order, "
+            f"in process): {_f(or_wall)} µs/msg against {_f(un_wall)} ({_f(or_client)} "
+            f"against {_f(un_client)} µs client CPU, {_f(or_server)} against {_f(un_server)} "
+            "µs PostgreSQL CPU). An ordered version costs one round trip more, the key's lock "
+            "(`SELECT … FOR UPDATE SKIP LOCKED`) at the start of its transaction; its "
+            "completion, the key's new applied sequence and the release of the next version "
+            "are one statement, as the plain completion is."
+            + (
+                f" With each key's versions stored in swapped pairs (half of them wait once), "
+                f"{_f(self.median('drain_ordered_swapped'))} msg/s: one waiting-then-released "
+                f"message costs {_f(released)} µs more (its claim, the key's lock and its "
+                "setting aside in a transaction of its own, then a claim by its id when its "
+                "predecessor releases it)."
+                if released
+                else ""
+            )
+        )
+
     def limits(self) -> list[str]:
-        return [
+        found = [
             self.limit_deliver(),
             self.limit_drain(),
+            self.limit_ordered(),
             self.limit_duplicates(),
             self.limit_store(),
             *self.limit_consume(),
         ]
+        return [line for line in found if line]
 
     # --------------------------------------------------------------------- 5. consume

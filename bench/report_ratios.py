@@ -56,6 +56,12 @@ RATIOS = [
         "consume_rabbitmq",
         "age0_persistent",
     ),
+    (
+        "ordered drain, 100 keys in order / unordered drain, same handler (in process)",
+        "drain_ordered",
+        "drain_unordered",
+        "ordered_unordered",
+    ),
 ]
 
 

@@ -85,6 +85,7 @@ from bench.deliver import bench_deliver, bench_pgbench
 from bench.drain import bench_drain
 from bench.drain_compared import bench_drain_compared
 from bench.memory import bench_memory
+from bench.ordered import bench_ordered
 from bench.profiles import profiles
 from bench.round_trips import round_trips
 from bench.scale import bench_scale
@@ -115,6 +116,7 @@ def main() -> int:
         figures.update(bench_store())
         figures.update(bench_drain())
         figures.update(bench_drain_compared())
+        figures.update(bench_ordered())
         consume_figures, consume = bench_consume()
         figures.update(consume_figures)
         wire = round_trips()

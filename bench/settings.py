@@ -22,6 +22,9 @@ from testproject.settings import *  # noqa: F403
 INSTALLED_APPS = [*INSTALLED_APPS, "bench"]  # noqa: F405
 DEBUG = False
 
+# Figure 2d: the same handler in an ordered consumer.
+INBOX_CONSUMERS = {**INBOX_CONSUMERS, "bench-ordered": {"ordered": True}}  # noqa: F405
+
 _conn_max_age = os.environ.get("BENCH_CONN_MAX_AGE")
 if _conn_max_age is not None:
     _age = None if _conn_max_age.strip().lower() in ("", "none") else int(_conn_max_age)

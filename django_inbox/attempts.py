@@ -63,10 +63,11 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
                 run_handler(handler, message, using)
                 now = timezone.now()
                 if ordered and message.sequence is not None:
-                    message.inbox_released = ordering.advance(  # type: ignore[attr-defined]
-                        message.consumer, message.key, message.sequence, now, using
-                    )
-                if not leases.complete(message, now, using):
+                    completed, released = ordering.complete(message, now, using)
+                    message.inbox_released = released  # type: ignore[attr-defined]
+                else:
+                    completed = leases.complete(message, now, using)
+                if not completed:
                     raise LeaseLost(message.pk)
         if held is not None:
             return held_back(message, held, using)
@@ -83,6 +84,28 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         return record_failure(message, exc, handler, using=using, duration=duration)
     processed(message, time.perf_counter() - started, using)
     return Outcome.PROCESSED
+
+
+def run_released(consumer: str, message_ids: list[str], using: str) -> list[Outcome]:
+    """Run the versions a completed message of an ordered consumer made due, and those they
+    make due in turn, each in its own transaction; return their outcomes. (A worker's claim
+    would find them too: they are ``received``, due now.)"""
+    from .claims import claim_batch
+
+    outcomes: list[Outcome] = []
+    pending = list(message_ids)
+    while pending:
+        claimed = claim_batch(consumer, 1, using=using, message_id=pending.pop(0))
+        if not claimed:
+            continue
+        try:
+            outcomes.append(process_claimed(claimed[0], using=using))
+        except Exception as exc:
+            if connection_lost(exc, using):
+                interruptions.note(claimed, using=using, running=claimed[0], error=exc)
+            raise
+        pending.extend(getattr(claimed[0], "inbox_released", []))
+    return outcomes
 
 
 #: A claimed row whose key another transaction holds is due again after this many seconds.
@@ -113,19 +136,13 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
         return None
     assert message.sequence is not None
     if verdict is ordering.Verdict.SKIP:
-        status, outcome = Status.SKIPPED, Outcome.SKIPPED
-        changes: dict[str, Any] = {
-            "processed_at": now,
-            "next_attempt_at": None,
-            "last_error": ordering.stale_reason(message.key, message.sequence, applied),
-        }
+        status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
+        reason = ordering.stale_reason(message.key, message.sequence, applied)
     else:
         status, outcome = Status.WAITING, Outcome.WAITING
-        changes = {
-            "next_attempt_at": ordering.gap_deadline(message.consumer, now),
-            "last_error": ordering.waiting_reason(message.key, message.sequence, applied),
-        }
-    if not leases.set_aside(message, status, changes, now, using):
+        until = ordering.gap_deadline(message.consumer, now)
+        reason = ordering.waiting_reason(message.key, message.sequence, applied)
+    if not ordering.set_aside(message, status, until, reason, now, using):
         raise LeaseLost(message.pk)
     return outcome
 

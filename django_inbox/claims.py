@@ -79,6 +79,13 @@ def _claim(
             if claimed:
                 return claimed
         _takeover_checked[(using, consumer)] = time.monotonic()
+    if message_id is not None and connections[using].vendor == "postgresql":
+        # One message by its id (deliver() of a stored one, an ordered consumer's released
+        # version): one statement. Only a take-over of its abandoned lease takes the general
+        # path below.
+        claimed = statements.claim_message(consumer, message_id, lease_id, until, now, using)
+        if claimed:
+            return claimed
     rows = InboxMessage.objects.using(using)
     due = rows.due(now).filter(consumer=consumer)
     if message_id is not None:

@@ -27,6 +27,7 @@ from .attempts import (
     process_claimed,
     processed,
     run_handler,
+    run_released,
 )
 from .claims import claim_batch
 from .conf import inbox_settings
@@ -249,22 +250,6 @@ def _deliver_ordered(row: NewRow, handler: Handler, using: str) -> Outcome:
     processed(message, time.perf_counter() - started, using)
     run_released(row.consumer, released, using)
     return Outcome.PROCESSED
-
-
-def run_released(consumer: str, message_ids: list[str], using: str) -> None:
-    """Run the versions a completed message made due, and those they make due in turn, each
-    in its own transaction (a worker would find them too: they are ``received``)."""
-    pending = list(message_ids)
-    while pending:
-        claimed = claim_batch(consumer, 1, using=using, message_id=pending.pop(0))
-        if claimed:
-            try:
-                process_claimed(claimed[0], using=using)
-            except Exception as exc:
-                if connection_lost(exc, using):
-                    interruptions.note(claimed, using=using, running=claimed[0], error=exc)
-                raise
-            pending.extend(getattr(claimed[0], "inbox_released", []))
 
 
 def _deliver_redelivered(row: NewRow, using: str) -> Outcome:

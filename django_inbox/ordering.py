@@ -31,8 +31,9 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import events, history
+from . import events, history, leases
 from .conf import inbox_settings
+from .db import statements
 from .models import InboxKey, InboxMessage
 
 logger = logging.getLogger("django_inbox")
@@ -62,6 +63,9 @@ def lock(consumer: str, key: str, using: str, *, wait: bool = True) -> int | Non
     (``first_sequence - 1`` for a new key); ``None`` if another transaction holds it and
     ``wait`` is false."""
     connection = connections[using]
+    first = inbox_settings.policy(consumer).first_sequence
+    if connection.vendor == "postgresql":
+        return statements.lock_key(consumer, key, first, using, wait=wait)
     rows = InboxKey.objects.using(using).filter(consumer=consumer, key=key)
     if connection.features.has_select_for_update:
         if connection.features.has_select_for_update_skip_locked and not wait:
@@ -73,7 +77,6 @@ def lock(consumer: str, key: str, using: str, *, wait: bool = True) -> int | Non
             return int(found[0])
     # A new key (or, on SQLite, any key: the insert takes the database's write lock before
     # the read, so two processes cannot both read the same applied sequence).
-    first = inbox_settings.policy(consumer).first_sequence
     InboxKey.objects.using(using).bulk_create(
         [InboxKey(consumer=consumer, key=key, applied_sequence=first - 1)],
         ignore_conflicts=True,
@@ -107,10 +110,47 @@ def gap_deadline(consumer: str, now: datetime) -> datetime:
 def advance(consumer: str, key: str, sequence: int, now: datetime, using: str) -> list[str]:
     """In the run's transaction: ``key`` has applied ``sequence``; make the next version due.
     Returns the message ids made due."""
+    if connections[using].vendor == "postgresql":
+        return statements.advance(consumer, key, sequence, now, using)
     InboxKey.objects.using(using).filter(consumer=consumer, key=key).update(
         applied_sequence=sequence, updated_at=now
     )
     return release_next(consumer, key, sequence + 1, now, using)
+
+
+def complete(message: InboxMessage, now: datetime, using: str) -> tuple[bool, list[str]]:
+    """The fenced completion of a claimed version of ``message.key``, with the key's new
+    applied sequence and the release of the next version. Returns whether the lease still
+    held the row, and the message ids made due."""
+    assert message.sequence is not None
+    if connections[using].vendor == "postgresql":
+        return statements.complete_ordered(
+            message.pk, message.lease_id, message.consumer, message.key, message.sequence,
+            now, using,
+        )  # fmt: skip
+    if not leases.complete(message, now, using):
+        return False, []
+    return True, advance(message.consumer, message.key, message.sequence, now, using)
+
+
+def set_aside(
+    message: InboxMessage,
+    status: str,
+    next_attempt_at: datetime | None,
+    last_error: str,
+    now: datetime,
+    using: str,
+) -> bool:
+    """A claimed version that does not run now: ``waiting`` (until ``next_attempt_at``, its
+    gap deadline) or ``skipped``, its claim's attempt taken back; fenced on its lease."""
+    if connections[using].vendor == "postgresql":
+        return statements.set_aside(
+            message.pk, message.lease_id, status, next_attempt_at, last_error, now, using
+        )
+    changes: dict[str, Any] = {"next_attempt_at": next_attempt_at, "last_error": last_error}
+    if status == Status.SKIPPED:
+        changes["processed_at"] = now
+    return leases.set_aside(message, status, changes, now, using)
 
 
 def release_next(consumer: str, key: str, sequence: int, now: datetime, using: str) -> list[str]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 
 from . import interruptions, ordering
-from .attempts import give_back_interrupted, process_batch, release
+from .attempts import give_back_interrupted, process_batch, release, run_released
 from .claims import claim_batch
 from .conf import inbox_settings
 from .db.connection import Outage, connection_lost, keep_connection
@@ -124,6 +124,10 @@ class Worker:
                             batch[start:], using=self.using, running=running, error=exc
                         )
                     raise
+                for message in chunk:  # ordered consumers: the versions they made due
+                    released = getattr(message, "inbox_released", None)
+                    if released and not self.shutdown.requested:
+                        outcomes += run_released(consumer, released, self.using)
                 for outcome in outcomes:
                     self.stats.outcomes[outcome.value] += 1
                 handled += len(outcomes)

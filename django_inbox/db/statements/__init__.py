@@ -2,9 +2,10 @@
 
 The rest of the package goes through the ORM. These statements are written by hand because
 each saves a round trip on a hot path (the insert that deduplicates, the claim, the fenced
-completion, the duplicate's status) or does what the ORM cannot say (a history entry appended
-in SQL, a delete of a locked batch, a loose index scan, the planner's row estimate). This
-package is the only place that calls ``cursor.execute``: :mod:`.hot` for the hot path,
+completion, the duplicate's status, an ordered consumer's key lock and completion) or does
+what the ORM cannot say (a history entry appended in SQL, a delete of a locked batch, a loose
+index scan, the planner's row estimate). This package is the only place that calls
+``cursor.execute``: :mod:`.hot` for the hot path, :mod:`.ordered` for ordered consumers,
 :mod:`.upkeep` for operators and upkeep. A reviewer reads here every statement the package
 sends.
 
@@ -20,6 +21,7 @@ from .common import NewRow
 from .hot import (
     claim_fresh,
     claim_fresh_sql,
+    claim_message,
     complete,
     current_status,
     current_status_sql,
@@ -27,13 +29,17 @@ from .hot import (
     insert_completed,
     insert_or_status,
 )
+from .ordered import advance, complete_ordered, lock_key, set_aside
 from .upkeep import delete_selected, distinct_consumers, estimated_rows, update_appending_history
 
 __all__ = [
     "NewRow",
+    "advance",
     "claim_fresh",
     "claim_fresh_sql",
+    "claim_message",
     "complete",
+    "complete_ordered",
     "current_status",
     "current_status_sql",
     "delete_selected",
@@ -42,5 +48,7 @@ __all__ = [
     "insert",
     "insert_completed",
     "insert_or_status",
+    "lock_key",
+    "set_aside",
     "update_appending_history",
 ]

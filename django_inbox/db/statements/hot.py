@@ -239,11 +239,42 @@ def claim_fresh(
     ``= ANY(ARRAY(…))`` runs the locking subquery once; under ``IN (…)`` PostgreSQL may rescan
     it per row and claim more than ``limit`` rows. Returns the rows in primary-key order.
     """
-    connection = connections[using]
-    names = [field.attname for field in InboxMessage._meta.concrete_fields]
     with preparing.cursor(using) as cursor:
         cursor.execute(claim_fresh_sql(using), [lease_id, until, until, now, consumer, now, limit])
         found = cursor.fetchall()
+    return _claimed_rows(found, using)
+
+
+def claim_message(
+    consumer: str, message_id: str, lease_id: str, until: datetime, now: datetime, using: str
+) -> list[InboxMessage]:
+    """PostgreSQL: claim one ``received`` or due ``failed`` message by its id, in one
+    autocommit statement (one probe of the unique index); ``[]`` if it is not claimable."""
+
+    def build(quote: Any, table: str) -> str:
+        names = [quote(field.attname) for field in InboxMessage._meta.concrete_fields]
+        due = f"{status_literal(Status.RECEIVED)}, {status_literal(Status.FAILED)}"
+        return (
+            f"UPDATE {table} SET {quote('status')} = {status_literal(Status.IN_PROGRESS)}, "
+            f"{quote('attempts')} = {quote('attempts')} + 1, {quote('lease_id')} = %s, "
+            f"{quote('locked_until')} = %s, {quote('next_attempt_at')} = %s, "
+            f"{quote('updated_at')} = %s "
+            f"WHERE {quote('consumer')} = %s AND {quote('message_id')} = %s "
+            f"AND {quote('status')} IN ({due}) AND {quote('next_attempt_at')} <= %s "
+            f"RETURNING {', '.join(names)}"
+        )
+
+    sql = cached_sql(using, "claim_message", build)
+    with preparing.cursor(using) as cursor:
+        cursor.execute(sql, [lease_id, until, until, now, consumer, message_id, now])
+        found = cursor.fetchall()
+    return _claimed_rows(found, using)
+
+
+def _claimed_rows(found: list[Any], using: str) -> list[InboxMessage]:
+    """Claimed rows as :class:`InboxMessage` objects, in primary-key order."""
+    connection = connections[using]
+    names = [field.attname for field in InboxMessage._meta.concrete_fields]
     json_fields = {
         index: InboxMessage._meta.get_field(name)
         for index, name in enumerate(names)

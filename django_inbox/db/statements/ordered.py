@@ -1,0 +1,161 @@
+"""Ordered consumers' statements on PostgreSQL: a key's lock, and the completion that applies
+a version and releases the next one. Each is one round trip; other databases go through the
+ORM (:mod:`django_inbox.ordering`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+
+from ...models import InboxKey
+from .. import preparing
+from .common import Status, cached_sql, status_literal
+
+
+def _key_table(quote: Any) -> str:
+    return str(quote(InboxKey._meta.db_table))
+
+
+def lock_key(consumer: str, key: str, first: int, using: str, *, wait: bool) -> int | None:
+    """Lock ``key``'s row for this transaction and return its applied sequence; create it
+    (``first - 1`` applied) if it is new. ``None``: another transaction holds it (``wait``
+    false; with ``wait`` this waits for it instead)."""
+    lock = "FOR UPDATE" if wait else "FOR UPDATE SKIP LOCKED"
+    select = cached_sql(
+        using,
+        ("lock_key", wait),
+        lambda quote, _: (
+            f"SELECT {quote('applied_sequence')} FROM {_key_table(quote)} "
+            f"WHERE {quote('consumer')} = %s AND {quote('key')} = %s {lock}"
+        ),
+    )
+    with preparing.cursor(using) as cursor:
+        cursor.execute(select, [consumer, key])
+        found = cursor.fetchone()
+        if found is not None:
+            return int(found[0])
+        # New (or, without ``wait``, held by someone): the inserted row is ours and locked.
+        insert = cached_sql(
+            using,
+            "insert_key",
+            lambda quote, _: (
+                f"INSERT INTO {_key_table(quote)} ({quote('consumer')}, {quote('key')}, "
+                f"{quote('applied_sequence')}, {quote('updated_at')}) VALUES (%s, %s, %s, now()) "
+                f"ON CONFLICT ({quote('consumer')}, {quote('key')}) DO NOTHING "
+                f"RETURNING {quote('applied_sequence')}"
+            ),
+        )
+        cursor.execute(insert, [consumer, key, first - 1])
+        found = cursor.fetchone()
+        if found is not None:
+            return int(found[0])
+        if not wait:
+            return None
+        cursor.execute(select, [consumer, key])  # it was committed meanwhile: wait for it
+        found = cursor.fetchone()
+    return None if found is None else int(found[0])
+
+
+def _release_sql(quote: Any, table: str, condition: str) -> str:
+    return (
+        f"UPDATE {table} SET {quote('status')} = {status_literal(Status.RECEIVED)}, "
+        f"{quote('next_attempt_at')} = %s, {quote('updated_at')} = %s, "
+        f"{quote('last_error')} = '' WHERE {quote('consumer')} = %s AND {quote('key')} = %s "
+        f"AND {quote('sequence')} = %s AND {quote('status')} = {status_literal(Status.WAITING)}"
+        f"{condition} RETURNING {quote('message_id')}"
+    )
+
+
+def _advance_sql(quote: Any, condition: str) -> str:
+    return (
+        f"UPDATE {_key_table(quote)} SET {quote('applied_sequence')} = %s, "
+        f"{quote('updated_at')} = %s WHERE {quote('consumer')} = %s AND {quote('key')} = %s"
+        f"{condition}"
+    )
+
+
+def advance(consumer: str, key: str, sequence: int, now: datetime, using: str) -> list[str]:
+    """``key`` has applied ``sequence``: record it and make the next version's waiting rows
+    due, in one statement; return their message ids."""
+    sql = cached_sql(
+        using,
+        "advance",
+        lambda quote, table: (
+            f"WITH advanced AS ({_advance_sql(quote, '')}) {_release_sql(quote, table, '')}"
+        ),
+    )
+    stamp = connections[using].ops.adapt_datetimefield_value(now)
+    with preparing.cursor(using) as cursor:
+        cursor.execute(
+            sql, [sequence, stamp, consumer, key, stamp, stamp, consumer, key, sequence + 1]
+        )
+        return [str(row[0]) for row in cursor.fetchall()]
+
+
+def complete_ordered(
+    pk: int, lease_id: str, consumer: str, key: str, sequence: int, now: datetime, using: str
+) -> tuple[bool, list[str]]:
+    """The fenced completion of a claimed version, the key's new applied sequence and the
+    release of the next version, in one statement. Returns whether the lease still held the
+    row (nothing else changes if not) and the released message ids."""
+
+    def build(quote: Any, table: str) -> str:
+        held = " AND EXISTS (SELECT FROM done)"
+        return (
+            f"WITH done AS (UPDATE {table} SET "
+            f"{quote('status')} = {status_literal(Status.COMPLETED)}, "
+            f"{quote('processed_at')} = %s, {quote('updated_at')} = %s, "
+            f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = NULL, "
+            f"{quote('lease_id')} = '', {quote('last_error')} = '' "
+            f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
+            f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)} RETURNING 1), "
+            f"advanced AS ({_advance_sql(quote, held)}), "
+            f"released AS ({_release_sql(quote, table, held)}) "
+            f"SELECT (SELECT count(*) FROM done), "
+            f"(SELECT array_agg({quote('message_id')}) FROM released)"
+        )
+
+    sql = cached_sql(using, "complete_ordered", build)
+    stamp = connections[using].ops.adapt_datetimefield_value(now)
+    params = [stamp, stamp, pk, lease_id, sequence, stamp, consumer, key]
+    params += [stamp, stamp, consumer, key, sequence + 1]
+    with preparing.cursor(using) as cursor:
+        cursor.execute(sql, params)
+        done, released = cursor.fetchone()
+    return bool(done), [str(message_id) for message_id in released or []]
+
+
+def set_aside(
+    pk: int,
+    lease_id: str,
+    status: str,
+    next_attempt_at: datetime | None,
+    last_error: str,
+    now: datetime,
+    using: str,
+) -> bool:
+    """A claimed version that does not run now goes ``waiting`` or ``skipped``: its lease
+    cleared, its claim's attempt taken back, fenced on the lease. One statement."""
+    skipped = status == Status.SKIPPED
+
+    def build(quote: Any, table: str) -> str:
+        return (
+            f"UPDATE {table} SET {quote('status')} = {status_literal(status)}, "
+            f"{quote('attempts')} = {quote('attempts')} - 1, {quote('lease_id')} = '', "
+            f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = %s, "
+            f"{quote('last_error')} = %s, {quote('updated_at')} = %s"
+            + (f", {quote('processed_at')} = %s" if skipped else "")
+            + f" WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
+            f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)}"
+        )
+
+    sql = cached_sql(using, ("set_aside", status), build)
+    adapt = connections[using].ops.adapt_datetimefield_value
+    stamp = adapt(now)
+    params: list[Any] = [adapt(next_attempt_at), last_error, stamp]
+    params += [stamp] if skipped else []
+    with preparing.cursor(using) as cursor:
+        cursor.execute(sql, [*params, pk, lease_id])
+        return bool(cursor.rowcount == 1)
