@@ -228,12 +228,13 @@ class InboxMessageAdmin(ActionsMixin, _ModelAdmin):
         if not obj.key or not inbox_settings.ordered(obj.consumer):
             return 'not ordered (a consumer with "ordered": True orders messages with a key)'
         state = InboxKey.objects.filter(consumer=obj.consumer, key=obj.key).first()
-        applied = None if state is None else state.applied_sequence
-        if applied is None:
+        first = inbox_settings.policy(obj.consumer).first_sequence
+        applied = first - 1 if state is None else state.applied_sequence
+        if applied < first:
             where = "no version of this key applied yet"
         else:
             where = f"key applied up to sequence {applied}"
-        if obj.status == Status.WAITING and applied is not None:
+        if obj.status == Status.WAITING:
             where += f"; this message waits for sequence {applied + 1}"
         url = (
             reverse("admin:django_inbox_inboxmessage_key")

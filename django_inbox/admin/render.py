@@ -208,9 +208,12 @@ def summary() -> dict[str, Any]:
 def key_versions(consumer: str, key: str, limit: int) -> dict[str, Any]:
     """One key of an ordered consumer: its applied sequence and its messages in sequence
     order (read through the sequence index), for the admin's key view."""
+    from ..conf import inbox_settings
     from ..models import InboxKey
 
     state = InboxKey.objects.filter(consumer=consumer, key=key).first()
+    first = inbox_settings.policy(consumer).first_sequence
+    applied = first - 1 if state is None else state.applied_sequence
     rows = list(
         InboxMessage.objects.filter(consumer=consumer, key=key)
         .order_by("sequence", "pk")
@@ -221,7 +224,8 @@ def key_versions(consumer: str, key: str, limit: int) -> dict[str, Any]:
     return {
         "consumer": consumer,
         "key": key,
-        "applied": None if state is None else state.applied_sequence,
+        "applied": applied if applied >= first else None,
+        "next": applied + 1,
         "rows": [
             {
                 "url": reverse("admin:django_inbox_inboxmessage_change", args=[row.pk]),

@@ -450,3 +450,63 @@ def test_view_only_user_sees_no_action_and_no_payload(
     assert (after.status, after.attempts, after.history) == (Status.DEAD, row.attempts, row.history)
     assert not LogEntry.objects.exists()
     assert dialogs == []
+
+
+def test_operator_follows_a_key_and_skips_the_version_that_holds_it_back(
+    page: Page, dialogs: list[str], live_server: Any
+) -> None:
+    """An ordered consumer: version 1 of a key is dead, version 2 waits for it. The operator
+    finds the waiting message, follows its key, skips version 1 with a reason, and version 2
+    runs."""
+    from effects.models import OrderedRun
+
+    def send(sequence: int, **payload: Any) -> Outcome:
+        return deliver(
+            consumer="ordered", message_id=f"case-7-v{sequence}", event_type="ordered.apply",
+            payload=payload, key="CASE-7", sequence=sequence,
+        )  # fmt: skip
+
+    assert send(1, reject="bad data in v1") == Outcome.DEAD
+    assert send(2) == Outcome.WAITING
+    make_user("keeper", ["view_inboxmessage", "skip_inboxmessage", "view_payload_inboxmessage"])
+    base = live_server.url
+    log_in(page, base, "keeper")
+
+    page.goto(f"{base}/admin/django_inbox/inboxmessage/")
+    page.locator("#changelist-filter").get_by_role("link", name="waiting", exact=True).click()
+    page.wait_for_url(re.compile(r"status__exact=waiting"))
+    assert page.locator("#result_list tbody th.field-message_id a").all_inner_texts() == [
+        "case-7-v2"
+    ]
+    page.get_by_role("link", name="case-7-v2", exact=True).click()
+    ordering = page.locator(".field-ordering_display .readonly").inner_text()
+    assert "no version of this key applied yet; this message waits for sequence 1" in ordering
+
+    page.click("#inbox-key-link")
+    page.locator("#inbox-key-versions").wait_for()
+    rows = [r.split("\t") for r in page.locator("#inbox-key-versions tbody tr").all_inner_texts()]
+    assert [(r[0], r[1], r[2].strip()) for r in rows] == [
+        ("1", "case-7-v1", "✗ dead"),
+        ("2", "case-7-v2", "… waiting"),
+    ], rows
+    page.get_by_role("link", name="case-7-v1", exact=True).click()
+    assert status_of(page) == "✗ dead"
+    page.click("#inbox-action-skip_versions")
+    page.locator("#inbox-reason").fill("v1 cannot be applied (TICKET-9)")
+    page.click("#inbox-confirm")
+    success = page.locator(".messagelist .success")
+    success.wait_for()
+    assert success.inner_text() == "Skipped 1 message(s) (1 dead)."
+
+    assert process_due(["ordered"]).handled == 1
+    page.goto(f"{base}/admin/django_inbox/inboxmessage/key/?consumer=ordered&key=CASE-7")
+    rows = [r.split("\t") for r in page.locator("#inbox-key-versions tbody tr").all_inner_texts()]
+    assert [r[2].strip() for r in rows] == ["↷ skipped", "✓ completed"], rows
+    assert "sequence 2 applied" in page.locator("#inbox-key-applied").inner_text()
+    assert list(OrderedRun.objects.values_list("sequence", flat=True)) == [2]
+    skipped = InboxMessage.objects.get(message_id="case-7-v1")
+    assert skipped.history[-1]["reason"] == "v1 cannot be applied (TICKET-9)"
+    assert LogEntry.objects.get(object_id=str(skipped.pk)).change_message.startswith(
+        "Skipped (was dead)"
+    )
+    assert dialogs == []
