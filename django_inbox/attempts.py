@@ -86,15 +86,23 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
     return Outcome.PROCESSED
 
 
-def run_released(consumer: str, message_ids: list[str], using: str) -> list[Outcome]:
+def run_released(
+    consumer: str,
+    message_ids: list[str],
+    using: str,
+    *,
+    limit: int | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> list[Outcome]:
     """Run the versions a completed message of an ordered consumer made due, and those they
-    make due in turn, each in its own transaction; return their outcomes. (A worker's claim
-    would find them too: they are ``received``, due now.)"""
+    make due in turn, each in its own transaction; return their outcomes. At most ``limit``
+    of them, and none once ``stop()`` says so: the rest are ``received``, due now, for the
+    next worker pass."""
     from .claims import claim_batch
 
     outcomes: list[Outcome] = []
     pending = list(message_ids)
-    while pending:
+    while pending and (limit is None or len(outcomes) < limit) and not (stop and stop()):
         claimed = claim_batch(consumer, 1, using=using, message_id=pending.pop(0))
         if not claimed:
             continue
@@ -122,26 +130,27 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
         return Outcome.IN_PROGRESS
     assert applied is not None
     now = timezone.now()
-    if (
-        verdict is ordering.Verdict.WAIT
-        and ordering.past_gap(message)
-        and not ordering.predecessor_exists(message.consumer, message.key, applied + 1, using)
-    ):
-        assert message.sequence is not None
-        entry = ordering.past_gap_entry(applied, message.sequence, now)
-        message.history = history.append(message.history, entry)
-        leases.fenced(message, using).update(history=message.history)
-        verdict = ordering.Verdict.RUN
-    if verdict is ordering.Verdict.RUN:
+    skip = ordering.skip_requested(message)
+    if verdict is ordering.Verdict.RUN and not skip:
         return None
     assert message.sequence is not None
-    if verdict is ordering.Verdict.SKIP:
+    if verdict is ordering.Verdict.RUN:  # an operator skipped it ahead: it counts as applied
+        status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
+        reason = message.last_error
+        message.inbox_released = ordering.advance(  # type: ignore[attr-defined]
+            message.consumer, message.key, message.sequence, now, using
+        )
+    elif verdict is ordering.Verdict.SKIP:
         status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
         reason = ordering.stale_reason(message.key, message.sequence, applied)
     else:
         status, outcome = Status.WAITING, Outcome.WAITING
         until = ordering.gap_deadline(message.consumer, now)
-        reason = ordering.waiting_reason(message.key, message.sequence, applied)
+        reason = (
+            message.last_error
+            if skip
+            else ordering.waiting_reason(message.key, message.sequence, applied)
+        )
     if not ordering.set_aside(message, status, until, reason, now, using):
         raise LeaseLost(message.pk)
     return outcome

@@ -60,6 +60,10 @@ _STATUS_OUTCOMES = {
 #: lasts, a message is first looked up with one read-only query, no transaction, which is
 #: all a duplicate then costs. The first new message ends the run (and paid one query more).
 _duplicate_run: set[str] = set()
+#: The most waiting versions one ``deliver()`` runs after the one it delivered released them;
+#: a longer chain is left due for workers, so a broker's ack or a webhook's reply waits for
+#: a bounded amount of work.
+INLINE_RELEASED = 10
 #: ``_deliver_existing``'s ``status`` when the status is not known yet.
 _UNKNOWN = "?"
 
@@ -248,7 +252,7 @@ def _deliver_ordered(row: NewRow, handler: Handler, using: str) -> Outcome:
         events.event(str(kind), **events.about(row, using, pk=pk, attempt=0))
         return kind
     processed(message, time.perf_counter() - started, using)
-    run_released(row.consumer, released, using)
+    run_released(row.consumer, released, using, limit=INLINE_RELEASED)
     return Outcome.PROCESSED
 
 
@@ -320,7 +324,8 @@ def _deliver_existing(
                 if connection_lost(exc, using):
                     interruptions.note(claimed, using=using, running=claimed[0], error=exc)
                 raise
-            run_released(row.consumer, getattr(claimed[0], "inbox_released", []), using)
+            released = getattr(claimed[0], "inbox_released", [])
+            run_released(row.consumer, released, using, limit=INLINE_RELEASED)
             return outcome
         status = statements.current_status(row.consumer, row.message_id, using)
     if status is None:

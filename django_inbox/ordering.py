@@ -10,8 +10,9 @@ message of such a consumer is taken in a transaction that holds that row's lock
   handler's transaction, and the key's next version, if it waits, is made due (``received``).
 - ``sequence > applied + 1``: a gap (or an earlier version still failing). The row is
   ``waiting``, with its gap deadline in ``next_attempt_at``; it runs once its predecessor is
-  applied. Past the deadline with no row for the missing sequence at all, it is ``parked``
-  (:func:`park_expired_gaps`); a replay of it then runs it past the gap.
+  applied. Past the deadline with no version for the missing sequence that can still run, it
+  is ``parked`` (:func:`park_expired_gaps`); a replay of it then runs it past the gap
+  (:func:`jump_gap`).
 - no ``sequence``: the handler runs, one at a time with the key's other messages; ``applied``
   does not move.
 
@@ -29,6 +30,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.models import Min
 from django.utils import timezone
 
 from . import events, history, leases
@@ -164,32 +166,71 @@ def release_next(consumer: str, key: str, sequence: int, now: datetime, using: s
     return ids
 
 
-def past_gap(message: InboxMessage) -> bool:
-    """Whether an operator replayed this row after it was parked for a gap: it then runs past
-    the gap (the missing versions, should they come, are stale), unless the missing version
-    has arrived since (the caller checks: :func:`predecessor_exists`)."""
-    last = message.history[-1] if message.history else {}
-    return message.last_error.startswith(GAP_PREFIX) and last.get("kind") == "replay"
+#: Statuses of a version that can still run (a predecessor worth waiting for).
+RUNNABLE = (
+    Status.RECEIVED, Status.IN_PROGRESS, Status.FAILED, Status.DEAD, Status.PARKED,
+    Status.WAITING,
+)  # fmt: skip
 
 
 def predecessor_exists(consumer: str, key: str, sequence: int, using: str) -> bool:
-    """Whether any row holds ``sequence`` of ``key`` (whatever its status)."""
+    """Whether a version ``sequence`` of ``key`` exists that can still run (a completed or
+    skipped one can't: the key would have applied it)."""
     return (
         InboxMessage.objects.using(using)
-        .filter(consumer=consumer, key=key, sequence=sequence)
+        .filter(consumer=consumer, key=key, sequence=sequence, status__in=RUNNABLE)
         .exists()
     )
 
 
-def past_gap_entry(applied: int, sequence: int, now: datetime) -> dict[str, Any]:
-    return {
-        "kind": "past_gap",
-        "at": now.isoformat(),
-        "message": (
-            f"ran past the gap: sequences {applied + 1} to {sequence - 1} never arrived; "
-            f"should they, they are stale"
-        ),
-    }
+def skip_requested(message: InboxMessage) -> bool:
+    """Whether an operator skipped this version before its key reached it: it is skipped
+    (and counts as applied) when the key does."""
+    return bool(message.history) and message.history[-1].get("kind") == "skip"
+
+
+def jump_gap(pk: int, consumer: str, key: str, sequence: int, using: str) -> int | None:
+    """An operator replayed a version parked for a gap: move the key's applied sequence up to
+    just below it, or just below the lowest version between that can still run (so nothing
+    that did arrive is passed over), and record it in the row's history. Returns the new
+    applied sequence, or ``None`` if nothing was passed over (its own transaction)."""
+    with transaction.atomic(using=using):
+        applied = lock(consumer, key, using, wait=True)
+        if applied is None or sequence <= applied + 1:
+            return None
+        lowest = (
+            InboxMessage.objects.using(using)
+            .filter(
+                consumer=consumer,
+                key=key,
+                sequence__gt=applied,
+                sequence__lt=sequence,
+                status__in=RUNNABLE,
+            )
+            .aggregate(lowest=Min("sequence"))["lowest"]
+        )
+        target = sequence - 1 if lowest is None else lowest - 1
+        if target <= applied:
+            return None
+        now = timezone.now()
+        InboxKey.objects.using(using).filter(consumer=consumer, key=key).update(
+            applied_sequence=target, updated_at=now
+        )
+        row = InboxMessage.objects.using(using).select_for_update().filter(pk=pk).first()
+        if row is not None:
+            entry = {
+                "kind": "past_gap",
+                "at": now.isoformat(),
+                "message": (
+                    f"replayed past the gap: sequences {applied + 1} to {target} of key "
+                    f"{key!r} never arrived; should they, they are skipped as stale"
+                ),
+            }
+            InboxMessage.objects.using(using).filter(pk=pk).update(
+                history=history.append(row.history, entry)
+            )
+        release_next(consumer, key, target + 1, now, using)
+    return target
 
 
 def park_expired_gaps(using: str | None = None, *, consumer: str | None = None) -> int:
@@ -233,7 +274,7 @@ def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
             )
             return 0
         missing = applied + 1
-        if predecessor_exists(found.consumer, found.key, missing, using):
+        if skip_requested(found) or predecessor_exists(found.consumer, found.key, missing, using):
             rows.update(next_attempt_at=gap_deadline(found.consumer, now), updated_at=now)
             return 0
         timeout = inbox_settings.policy(found.consumer).gap_timeout
@@ -243,13 +284,15 @@ def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
             "message to run it past the gap, or deliver the missing one and replay"
         )
         entry = {"kind": "gap", "at": now.isoformat(), "message": reason, "missing": missing}
-        rows.update(
+        parked = rows.update(
             status=Status.PARKED,
             next_attempt_at=None,
             updated_at=now,
             last_error=reason,
             history=history.append(found.history, entry),
         )
+    if not parked:
+        return 0  # another sweep decided it meanwhile
     events.event(
         "parked", **events.about(found, using), error_type="Gap", detail=f"missing {missing}"
     )

@@ -60,7 +60,7 @@ SEQUENCE_MAX = 2**63 - 1
 
 
 def clean_sequence(value: object) -> int | None:
-    """Return the sequence (an int from 1 to :data:`SEQUENCE_MAX`, or ``None``), or raise
+    """Return the sequence (an int from 0 to :data:`SEQUENCE_MAX`, or ``None``), or raise
     :class:`InvalidField`. Digit strings are taken (broker headers carry text)."""
     if value is None:
         return None
@@ -68,8 +68,8 @@ def clean_sequence(value: object) -> int | None:
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidField(f"sequence must be an integer, got {type(value).__name__}")
-    if not 1 <= value <= SEQUENCE_MAX:
-        raise InvalidField(f"sequence must be between 1 and {SEQUENCE_MAX}, got {value}")
+    if not 0 <= value <= SEQUENCE_MAX:
+        raise InvalidField(f"sequence must be between 0 and {SEQUENCE_MAX}, got {value}")
     return value
 
 

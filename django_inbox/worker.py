@@ -127,7 +127,9 @@ class Worker:
                 for message in chunk:  # ordered consumers: the versions they made due
                     released = getattr(message, "inbox_released", None)
                     if released and not self.shutdown.requested:
-                        outcomes += run_released(consumer, released, self.using)
+                        outcomes += run_released(
+                            consumer, released, self.using, stop=lambda: self.shutdown.requested
+                        )
                 for outcome in outcomes:
                     self.stats.outcomes[outcome.value] += 1
                 handled += len(outcomes)

@@ -9,6 +9,7 @@ operators (or an operator and a worker) acting at once never change a row twice.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Required, TypedDict, Unpack
@@ -82,6 +83,11 @@ def replay(
     def decide(row: InboxMessage) -> str | None:
         if row.status in REPLAYABLE:
             return None
+        if row.sequence is not None and ordering.applies(row.consumer, row.key):
+            return (
+                "completed version of an ordered consumer (its key has applied it: re-run, "
+                "it would be skipped as stale)"
+            )
         if not force:
             return (
                 "completed (replaying it runs its handler again: only a forced re-run may, "
@@ -101,7 +107,17 @@ def replay(
             "processed_at": None,
         }
 
-    return _act("replay", rows, statuses, decide, change, options)
+    def past_gaps(replayed: list[InboxMessage]) -> None:
+        using = inbox_settings.database
+        for row in replayed:
+            if (
+                row.sequence is not None
+                and row.last_error.startswith(ordering.GAP_PREFIX)
+                and ordering.applies(row.consumer, row.key)
+            ):
+                ordering.jump_gap(row.pk, row.consumer, row.key, row.sequence, using)
+
+    return _act("replay", rows, statuses, decide, change, options, after=past_gaps)
 
 
 def park(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> ActionResult:
@@ -177,12 +193,24 @@ def _skip_one(
             "skip", at=now, actor=actor, reason=reason, previous_status=row.status,
             attempts=row.attempts, via=via,
         )  # fmt: skip
+        said = f"skipped by {actor}" + (f": {reason}" if reason else "")
+        if sequence > applied + 1:
+            # Ahead of its key: it waits, and is skipped (counting as applied) when the key
+            # reaches it, so the versions after it are not held back by it.
+            InboxMessage.objects.using(using).filter(pk=pk).update(
+                status=Status.WAITING,
+                next_attempt_at=ordering.gap_deadline(consumer, now),
+                updated_at=now,
+                last_error=f"{said}; skipped when key {key!r} reaches sequence {sequence}",
+                history=history.append(row.history, entry),
+            )
+            return row
         InboxMessage.objects.using(using).filter(pk=pk).update(
             status=Status.SKIPPED,
             next_attempt_at=None,
             processed_at=now,
             updated_at=now,
-            last_error=f"skipped by {actor}" + (f": {reason}" if reason else ""),
+            last_error=said,
             history=history.append(row.history, entry),
         )
         if sequence == applied + 1:
@@ -217,7 +245,10 @@ def _act(
     decide: Any,
     change: Any,
     options: ActionOptions,
+    after: Callable[[list[InboxMessage]], None] | None = None,
 ) -> ActionResult:
+    """Change the rows of ``rows`` in ``statuses`` that ``decide`` accepts with ``change``,
+    in batches; ``after`` gets each batch's changed rows once it has committed."""
     actor, reason, via, dry_run, keep = _options(action, options)
     batch_size = options.get("batch_size", 500)
     using = inbox_settings.database
@@ -227,7 +258,8 @@ def _act(
         status = found["status"]
         result.refused[f"{status} (cannot {action} from {status})"] += found["n"]
     in_sql = connections[using].vendor == "postgresql"
-    fields = ["pk", "consumer", "message_id", "event_type", "status", "attempts"]
+    fields = ["pk", "consumer", "message_id", "event_type", "status", "attempts", "key"]
+    fields += ["sequence", "last_error"]
     last_pk = 0
     while True:
         with transaction.atomic(using=using):
@@ -274,10 +306,12 @@ def _act(
                     accepted = [r for r in accepted if _update_row(r, changes, entry, now)]
             if not dry_run:
                 _report(action, accepted, actor, via, reason, using)
-            for row in accepted:
-                result.changed[row.status] += 1
-                if keep is None or len(result.rows) < keep:
-                    result.rows.append((row.pk, row.consumer, row.message_id, row.status))
+        if after is not None and not dry_run and accepted:
+            after(accepted)
+        for row in accepted:
+            result.changed[row.status] += 1
+            if keep is None or len(result.rows) < keep:
+                result.rows.append((row.pk, row.consumer, row.message_id, row.status))
 
 
 def _update_row(

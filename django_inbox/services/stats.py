@@ -44,7 +44,7 @@ class ConsumerStats:
     oldest_pending_age: float = 0.0
     #: When the oldest row still to process (``received``/``failed``/``in_progress``) arrived.
     oldest_pending_received_at: datetime | None = None
-    #: Ordered consumers: seconds the longest-``waiting`` row has waited for its predecessor.
+    #: Ordered consumers: seconds since the oldest ``waiting`` row arrived.
     oldest_waiting_age: float = 0.0
     #: Ordered consumers: ``parked`` rows whose gap outlived ``gap_timeout``.
     parked_gaps: int = 0
@@ -171,7 +171,7 @@ def collect(
         .values("consumer", "status")
         .annotate(
             n=Count("id"),
-            since=Min("updated_at"),
+            since=Min("received_at"),
             gaps=Count("id", filter=Q(last_error__startswith=GAP_PREFIX)),
         )
     )
