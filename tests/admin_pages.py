@@ -212,6 +212,8 @@ def pages(found: Targets) -> list[Page]:
 
 POLLED = frozenset({"received", "failed", "in_progress"})
 ATTENTION = frozenset({"dead", "parked"})
+#: Ordered consumers' waiting rows: a partial index of their own (django_inbox_waiting_idx).
+WAITING = frozenset({"waiting"})
 _STATUS_IN = re.compile(r'"status"\s+IN\s+\(([^)]*)\)', re.IGNORECASE)
 _STATUS_EQ = re.compile(r"\"status\"\s+=\s+'([^']*)'", re.IGNORECASE)
 _LIMITED_SUBQUERY = re.compile(r"COUNT\(\*\)\s+FROM\s+\(SELECT\b.*\bLIMIT\s+\d+\)", re.S | re.I)
@@ -228,9 +230,9 @@ def statuses_of(sql: str) -> set[str]:
 
 def on_partial_index(sql: str) -> bool:
     """Whether the rows are restricted to the statuses of one of the partial indexes (few rows:
-    dead/parked or those still to process)."""
+    dead/parked, waiting, or those still to process)."""
     statuses = statuses_of(sql)
-    return bool(statuses) and (statuses <= POLLED or statuses <= ATTENTION)
+    return bool(statuses) and any(statuses <= index for index in (POLLED, ATTENTION, WAITING))
 
 
 def full_table_query(sql: str) -> str | None:

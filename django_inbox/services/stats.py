@@ -167,21 +167,27 @@ def collect(
             age = (now - row["first_due"]).total_seconds()
             stats.oldest_pending_age = max(stats.oldest_pending_age, age)
     attention = (
-        rows.filter(status__in=(*ATTENTION_STATUSES, Status.WAITING))
+        rows.filter(status__in=ATTENTION_STATUSES)
         .values("consumer", "status")
-        .annotate(
-            n=Count("id"),
-            since=Min("received_at"),
-            gaps=Count("id", filter=Q(last_error__startswith=GAP_PREFIX)),
-        )
+        .annotate(n=Count("id"), gaps=Count("id", filter=Q(last_error__startswith=GAP_PREFIX)))
     )
     for found_row in attention:
         stats = of(found_row["consumer"])
         stats.counts[found_row["status"]] = found_row["n"]
-        if found_row["status"] == Status.WAITING and found_row["since"] is not None:
-            stats.oldest_waiting_age = max(0.0, (now - found_row["since"]).total_seconds())
         if found_row["status"] == Status.PARKED:
             stats.parked_gaps = found_row["gaps"]
+    # Ordered consumers' waiting rows: their own partial index (one IN list over the attention
+    # and waiting statuses could not use both partial indexes).
+    waiting = (
+        rows.filter(status=Status.WAITING)
+        .values("consumer")
+        .annotate(n=Count("id"), since=Min("received_at"))
+    )
+    for found_row in waiting:
+        stats = of(found_row["consumer"])
+        stats.counts[Status.WAITING] = found_row["n"]
+        if found_row["since"] is not None:
+            stats.oldest_waiting_age = max(0.0, (now - found_row["since"]).total_seconds())
 
     table_rows = 0 if exact or consumer is not None else estimated_rows(using)
     threshold = ESTIMATE_ABOVE if estimate_above is None else estimate_above
