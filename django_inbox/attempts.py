@@ -136,7 +136,7 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
     assert message.sequence is not None
     if verdict is ordering.Verdict.RUN:  # an operator skipped it ahead: it counts as applied
         status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
-        reason = message.last_error
+        reason = ordering.skipped_reason(message.history[-1])
         message.inbox_released = ordering.advance(  # type: ignore[attr-defined]
             message.consumer, message.key, message.sequence, now, using
         )

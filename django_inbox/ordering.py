@@ -189,6 +189,12 @@ def skip_requested(message: InboxMessage) -> bool:
     return bool(message.history) and message.history[-1].get("kind") == "skip"
 
 
+def skipped_reason(entry: dict[str, Any]) -> str:
+    """``last_error`` of a version an operator skipped (from the ``skip`` history entry)."""
+    reason = entry.get("reason") or ""
+    return f"skipped by {entry.get('by', '?')}" + (f": {reason}" if reason else "")
+
+
 def jump_gap(pk: int, consumer: str, key: str, sequence: int, using: str) -> int | None:
     """An operator replayed a version parked for a gap: move the key's applied sequence up to
     just below it, or just below the lowest version between that can still run (so nothing

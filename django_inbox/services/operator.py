@@ -193,7 +193,7 @@ def _skip_one(
             "skip", at=now, actor=actor, reason=reason, previous_status=row.status,
             attempts=row.attempts, via=via,
         )  # fmt: skip
-        said = f"skipped by {actor}" + (f": {reason}" if reason else "")
+        said = ordering.skipped_reason(entry)
         if sequence > applied + 1:
             # Ahead of its key: it waits, and is skipped (counting as applied) when the key
             # reaches it, so the versions after it are not held back by it.

@@ -183,11 +183,11 @@ def collect(
         .values("consumer")
         .annotate(n=Count("id"), since=Min("received_at"))
     )
-    for found_row in waiting:
-        stats = of(found_row["consumer"])
-        stats.counts[Status.WAITING] = found_row["n"]
-        if found_row["since"] is not None:
-            stats.oldest_waiting_age = max(0.0, (now - found_row["since"]).total_seconds())
+    for waiting_row in waiting:
+        stats = of(waiting_row["consumer"])
+        stats.counts[Status.WAITING] = waiting_row["n"]
+        if waiting_row["since"] is not None:
+            stats.oldest_waiting_age = max(0.0, (now - waiting_row["since"]).total_seconds())
 
     table_rows = 0 if exact or consumer is not None else estimated_rows(using)
     threshold = ESTIMATE_ABOVE if estimate_above is None else estimate_above

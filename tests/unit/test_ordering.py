@@ -349,6 +349,7 @@ def test_a_version_skipped_ahead_of_its_key_is_skipped_when_the_key_reaches_it()
     assert runs("K") == [1, 2, 4]
     assert row("K-3").status == Status.SKIPPED
     assert row("K-3").history[-1]["kind"] == "skip"
+    assert row("K-3").last_error == "skipped by a: bad"
     assert applied("K") == 4
 
 
