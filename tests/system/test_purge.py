@@ -175,5 +175,5 @@ def test_command_refuses_a_status_that_is_never_purged(
     )
     assert result.returncode == 2, result.stderr
     assert message in result.stderr, result.stderr
-    assert "completed, dead" in result.stderr  # says what can be purged
+    assert "completed, skipped, dead" in result.stderr  # says what can be purged
     assert not (tmp_path / "never-opened.sqlite3").exists()

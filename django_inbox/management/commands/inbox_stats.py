@@ -6,6 +6,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
+from ...conf import inbox_settings
 from ...services import PROBLEM_KINDS, STATUSES, InboxStats, collect, known_consumers
 from ..base import MISCONFIGURED, InboxCommand, seconds
 
@@ -85,21 +86,34 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+#: Statuses only ordered consumers have: their columns are left out when no consumer shown is
+#: ordered and no row has them.
+ORDERED_STATUSES = ("waiting", "skipped")
+
+
+def _shown_statuses(stats: InboxStats) -> list[str]:
+    ordered = any(inbox_settings.ordered(name) for name in stats.consumers) or any(
+        consumer.counts[status]
+        for consumer in stats.consumers.values()
+        for status in ORDERED_STATUSES
+    )
+    return [s for s in STATUSES if ordered or s not in ORDERED_STATUSES]
+
+
 def render(stats: InboxStats) -> str:
     """The human table ``inbox_stats`` prints."""
-    headers = ["consumer", *STATUSES, "stuck", "oldest due"]
+    shown = _shown_statuses(stats)
+    headers = ["consumer", *shown, "stuck", "oldest due"]
     table: list[list[str]] = []
     for name, consumer in sorted(stats.consumers.items()):
-        counts = [
-            "~" if consumer.counts[s] is None else f"{consumer.counts[s]:,}" for s in STATUSES
-        ]
+        counts = ["~" if consumer.counts[s] is None else f"{consumer.counts[s]:,}" for s in shown]
         table.append([name, *counts, f"{consumer.stuck:,}", _age(consumer.oldest_pending_age)])
     totals = stats.totals()
     completed = ("~" if stats.completed_estimated else "") + f"{stats.completed_total:,}"
     table.append(
         [
             "(all)",
-            *[completed if s == "completed" else f"{totals[s]:,}" for s in STATUSES],
+            *[completed if s == "completed" else f"{totals[s]:,}" for s in shown],
             f"{sum(c.stuck for c in stats.consumers.values()):,}",
             _age(max((c.oldest_pending_age for c in stats.consumers.values()), default=0)),
         ]
