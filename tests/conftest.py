@@ -4,9 +4,11 @@ those marked ``postgres`` are skipped elsewhere."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,6 +73,35 @@ def manage(subprocess_env: dict[str, str]) -> Callable[..., subprocess.Popen[str
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def kill_at_random(
+    start: Callable[[], subprocess.Popen[str]],
+    rng: random.Random,
+    *,
+    processes: int = 2,
+    kills: int = 10,
+    pause: tuple[float, float] = (1.0, 3.0),
+    deadline: float = 600.0,
+) -> int:
+    """Run ``processes`` of ``start()`` while SIGKILLing one at random every ``pause`` seconds
+    (``kills`` times at most) and starting a new one in its place, until all have exited by
+    themselves. Returns the kills."""
+    running = [start() for _ in range(processes)]
+    killed = 0
+    stop = time.monotonic() + deadline
+    while any(proc.poll() is None for proc in running) and time.monotonic() < stop:
+        time.sleep(rng.uniform(*pause))
+        alive = [proc for proc in running if proc.poll() is None]
+        if killed < kills and alive:
+            victim = rng.choice(alive)
+            victim.kill()
+            victim.wait()
+            killed += 1
+            running[running.index(victim)] = start()
+    for proc in running:
+        proc.communicate(timeout=120)
+    return killed
 
 
 def restart_until_it_survives(start: Callable[[], subprocess.Popen[str]], bound: int) -> int:

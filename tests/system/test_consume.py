@@ -17,7 +17,7 @@ import pytest
 
 from django_inbox.models import InboxMessage
 from tests import brokers
-from tests.conftest import restart_until_it_survives
+from tests.conftest import kill_at_random, restart_until_it_survives
 from tests.effects import effect_counts, lost_and_doubled
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -96,20 +96,7 @@ def chaos(
     def start() -> subprocess.Popen[str]:
         return consume(manage, broker, queue, *args, "--until-idle", "8")
 
-    running = [start(), start()]
-    kills = 0
-    deadline = time.monotonic() + 600
-    while any(proc.poll() is None for proc in running) and time.monotonic() < deadline:
-        time.sleep(rng.uniform(1, 3))
-        alive = [proc for proc in running if proc.poll() is None]
-        if kills < 10 and alive:
-            victim = rng.choice(alive)
-            victim.kill()
-            victim.wait()
-            kills += 1
-            running[running.index(victim)] = start()
-    for proc in running:
-        proc.communicate(timeout=120)
+    kills = kill_at_random(start, rng)
     drain_leftovers(manage, broker, queue)
 
     lost, doubled = lost_and_doubled(expected, "stream")

@@ -20,6 +20,7 @@ from effects.models import OrderedRun
 from django_inbox import store
 from django_inbox.models import InboxKey, InboxMessage
 from tests import brokers
+from tests.conftest import kill_at_random
 from tests.system.test_consume import finish
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -129,20 +130,7 @@ def test_ordered_consumption_survives_sigkill_chaos(
             "--broker", brokers.RABBITMQ, "--until-idle", "6", *extra,
         )  # fmt: skip
 
-    running = [start(), start()]
-    kills = 0
-    deadline = time.monotonic() + 600
-    while any(proc.poll() is None for proc in running) and time.monotonic() < deadline:
-        time.sleep(rng.uniform(0.5, 1.5))
-        alive = [proc for proc in running if proc.poll() is None]
-        if kills < 8 and alive:
-            victim = rng.choice(alive)
-            victim.kill()
-            victim.wait()
-            kills += 1
-            running[running.index(victim)] = start()
-    for proc in running:
-        proc.communicate(timeout=120)
+    kills = kill_at_random(start, rng, kills=8, pause=(0.5, 1.5))
     # What killed consumers left behind: rows made due but not yet run, abandoned claims.
     finish(manage("inbox_process", "--consumer", CONSUMER, "--until-idle", "6"))
 

@@ -208,22 +208,34 @@ def current_status(consumer: str, message_id: str, using: str) -> str | None:
 # --- the lease: claim and fenced completion ---------------------------------------------
 
 
+def _claim_sql(quote: Any, table: str, where: str) -> str:
+    """``UPDATE`` the rows ``where`` selects to ``in_progress`` under a new lease, the attempt
+    counted, ``RETURNING`` every column. Parameters: lease id, lease expiry (twice), now, then
+    those of ``where``."""
+    names = [quote(field.attname) for field in InboxMessage._meta.concrete_fields]
+    return (
+        f"UPDATE {table} SET {quote('status')} = {status_literal(Status.IN_PROGRESS)}, "
+        f"{quote('attempts')} = {quote('attempts')} + 1, {quote('lease_id')} = %s, "
+        f"{quote('locked_until')} = %s, {quote('next_attempt_at')} = %s, "
+        f"{quote('updated_at')} = %s WHERE {where} RETURNING {', '.join(names)}"
+    )
+
+
+#: The statuses a claim takes, as SQL literals.
+_DUE = f"{status_literal(Status.RECEIVED)}, {status_literal(Status.FAILED)}"
+
+
 def claim_fresh_sql(using: str) -> str:
     """The claim of new and due rows (PostgreSQL), as :func:`claim_fresh` sends it."""
 
     def build(quote: Any, table: str) -> str:
-        names = [quote(field.attname) for field in InboxMessage._meta.concrete_fields]
-        due = f"{status_literal(Status.RECEIVED)}, {status_literal(Status.FAILED)}"
-        return (
-            f"UPDATE {table} SET {quote('status')} = {status_literal(Status.IN_PROGRESS)}, "
-            f"{quote('attempts')} = {quote('attempts')} + 1, {quote('lease_id')} = %s, "
-            f"{quote('locked_until')} = %s, {quote('next_attempt_at')} = %s, "
-            f"{quote('updated_at')} = %s "
-            f"WHERE {quote('id')} = ANY(ARRAY(SELECT {quote('id')} FROM {table} "
-            f"WHERE {quote('consumer')} = %s AND {quote('status')} IN ({due}) "
+        return _claim_sql(
+            quote,
+            table,
+            f"{quote('id')} = ANY(ARRAY(SELECT {quote('id')} FROM {table} "
+            f"WHERE {quote('consumer')} = %s AND {quote('status')} IN ({_DUE}) "
             f"AND {quote('next_attempt_at')} <= %s "
-            f"ORDER BY {quote('next_attempt_at')}, {quote('id')} LIMIT %s FOR UPDATE SKIP LOCKED)) "
-            f"RETURNING {', '.join(names)}"
+            f"ORDER BY {quote('next_attempt_at')}, {quote('id')} LIMIT %s FOR UPDATE SKIP LOCKED))",
         )
 
     return cached_sql(using, "claim_fresh", build)
@@ -252,16 +264,11 @@ def claim_message(
     autocommit statement (one probe of the unique index); ``[]`` if it is not claimable."""
 
     def build(quote: Any, table: str) -> str:
-        names = [quote(field.attname) for field in InboxMessage._meta.concrete_fields]
-        due = f"{status_literal(Status.RECEIVED)}, {status_literal(Status.FAILED)}"
-        return (
-            f"UPDATE {table} SET {quote('status')} = {status_literal(Status.IN_PROGRESS)}, "
-            f"{quote('attempts')} = {quote('attempts')} + 1, {quote('lease_id')} = %s, "
-            f"{quote('locked_until')} = %s, {quote('next_attempt_at')} = %s, "
-            f"{quote('updated_at')} = %s "
-            f"WHERE {quote('consumer')} = %s AND {quote('message_id')} = %s "
-            f"AND {quote('status')} IN ({due}) AND {quote('next_attempt_at')} <= %s "
-            f"RETURNING {', '.join(names)}"
+        return _claim_sql(
+            quote,
+            table,
+            f"{quote('consumer')} = %s AND {quote('message_id')} = %s "
+            f"AND {quote('status')} IN ({_DUE}) AND {quote('next_attempt_at')} <= %s",
         )
 
     sql = cached_sql(using, "claim_message", build)
