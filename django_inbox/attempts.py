@@ -63,7 +63,8 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
                 run_handler(handler, message, using)
                 now = timezone.now()
                 if ordered and message.sequence is not None:
-                    completed, released = ordering.complete(message, now, using)
+                    applied = getattr(message, "inbox_applied", False)
+                    completed, released = ordering.complete(message, now, using, applied=applied)
                     message.inbox_released = released  # type: ignore[attr-defined]
                 else:
                     completed = leases.complete(message, now, using)
@@ -124,7 +125,8 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
     """For a claimed row of an ordered consumer, in its transaction: lock its key and decide.
     ``None``: run the handler. Otherwise the row is ``skipped`` or ``waiting`` (its claim's
     attempt taken back), or ``IN_PROGRESS`` when another transaction holds the key."""
-    applied = ordering.lock(message.consumer, message.key, using, wait=False)
+    applied, moved = ordering.lock_for_worker(message, using)
+    message.inbox_applied = moved  # type: ignore[attr-defined]
     verdict = ordering.decide(message.sequence, applied)
     if verdict is ordering.Verdict.BUSY:
         return Outcome.IN_PROGRESS
@@ -137,9 +139,13 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
     if verdict is ordering.Verdict.RUN:  # an operator skipped it ahead: it counts as applied
         status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
         reason = ordering.skipped_reason(message.history[-1])
-        message.inbox_released = ordering.advance(  # type: ignore[attr-defined]
-            message.consumer, message.key, message.sequence, now, using
-        )
+        if moved:
+            released = ordering.release_next(
+                message.consumer, message.key, message.sequence + 1, now, using
+            )
+        else:
+            released = ordering.advance(message.consumer, message.key, message.sequence, now, using)
+        message.inbox_released = released  # type: ignore[attr-defined]
     elif verdict is ordering.Verdict.SKIP:
         status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
         reason = ordering.stale_reason(message.key, message.sequence, applied)

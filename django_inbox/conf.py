@@ -207,7 +207,16 @@ class InboxSettings:
         return bool(self._get("INBOX_PREPARED_STATEMENTS"))
 
     def policy(self, consumer: str) -> Policy:
-        """The policy for ``consumer``: ``INBOX_CONSUMERS[consumer]`` over the global settings."""
+        """The policy for ``consumer``: ``INBOX_CONSUMERS[consumer]`` over the global settings
+        (remembered, as the settings are: hot paths ask for it per message)."""
+        name = f"policy:{consumer}"
+        try:
+            return self._cache[name]  # type: ignore[no-any-return]
+        except KeyError:
+            found = self._cache[name] = self._policy(consumer)
+            return found
+
+    def _policy(self, consumer: str) -> Policy:
         overrides = self.consumers.get(consumer) or {}
         values: dict[str, Any] = {}
         for key, setting in POLICY_KEYS.items():

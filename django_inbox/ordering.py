@@ -87,6 +87,18 @@ def lock(consumer: str, key: str, using: str, *, wait: bool = True) -> int | Non
     return int(found[0]) if found else None
 
 
+def lock_for_worker(message: InboxMessage, using: str) -> tuple[int | None, bool]:
+    """A worker's lock of a claimed version's key, never waiting: the key's applied sequence
+    (``None``: another transaction holds it) and whether this version was recorded applied
+    already (PostgreSQL, when it is the key's next one: one statement for both)."""
+    if connections[using].vendor == "postgresql":
+        first = inbox_settings.policy(message.consumer).first_sequence
+        return statements.lock_and_apply(
+            message.consumer, message.key, message.sequence, first, using
+        )
+    return lock(message.consumer, message.key, using, wait=False), False
+
+
 def decide(sequence: int | None, applied: int | None) -> Verdict:
     if applied is None:
         return Verdict.BUSY
@@ -120,18 +132,22 @@ def advance(consumer: str, key: str, sequence: int, now: datetime, using: str) -
     return release_next(consumer, key, sequence + 1, now, using)
 
 
-def complete(message: InboxMessage, now: datetime, using: str) -> tuple[bool, list[str]]:
+def complete(
+    message: InboxMessage, now: datetime, using: str, *, applied: bool = False
+) -> tuple[bool, list[str]]:
     """The fenced completion of a claimed version of ``message.key``, with the key's new
-    applied sequence and the release of the next version. Returns whether the lease still
-    held the row, and the message ids made due."""
+    applied sequence (unless ``applied``: its lock recorded it) and the release of the next
+    version. Returns whether the lease still held the row, and the message ids made due."""
     assert message.sequence is not None
     if connections[using].vendor == "postgresql":
         return statements.complete_ordered(
             message.pk, message.lease_id, message.consumer, message.key, message.sequence,
-            now, using,
+            now, using, applied=applied,
         )  # fmt: skip
     if not leases.complete(message, now, using):
         return False, []
+    if applied:
+        return True, release_next(message.consumer, message.key, message.sequence + 1, now, using)
     return True, advance(message.consumer, message.key, message.sequence, now, using)
 
 

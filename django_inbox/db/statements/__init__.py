@@ -29,7 +29,7 @@ from .hot import (
     insert_completed,
     insert_or_status,
 )
-from .ordered import advance, complete_ordered, lock_key, set_aside
+from .ordered import advance, complete_ordered, lock_and_apply, lock_key, set_aside
 from .upkeep import delete_selected, distinct_consumers, estimated_rows, update_appending_history
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "insert",
     "insert_completed",
     "insert_or_status",
+    "lock_and_apply",
     "lock_key",
     "set_aside",
     "update_appending_history",

@@ -37,17 +37,7 @@ def lock_key(consumer: str, key: str, first: int, using: str, *, wait: bool) -> 
         if found is not None:
             return int(found[0])
         # New (or, without ``wait``, held by someone): the inserted row is ours and locked.
-        insert = cached_sql(
-            using,
-            "insert_key",
-            lambda quote, _: (
-                f"INSERT INTO {_key_table(quote)} ({quote('consumer')}, {quote('key')}, "
-                f"{quote('applied_sequence')}, {quote('updated_at')}) VALUES (%s, %s, %s, now()) "
-                f"ON CONFLICT ({quote('consumer')}, {quote('key')}) DO NOTHING "
-                f"RETURNING {quote('applied_sequence')}"
-            ),
-        )
-        cursor.execute(insert, [consumer, key, first - 1])
+        cursor.execute(_insert_key_sql(using), [consumer, key, first - 1])
         found = cursor.fetchone()
         if found is not None:
             return int(found[0])
@@ -56,6 +46,56 @@ def lock_key(consumer: str, key: str, first: int, using: str, *, wait: bool) -> 
         cursor.execute(select, [consumer, key])  # it was committed meanwhile: wait for it
         found = cursor.fetchone()
     return None if found is None else int(found[0])
+
+
+def lock_and_apply(
+    consumer: str, key: str, sequence: int | None, first: int, using: str
+) -> tuple[int | None, bool]:
+    """A worker's look at ``key`` for a claimed version: lock the key's row unless another
+    transaction holds it, and if ``sequence`` is the key's next one, record it applied right
+    away (the transaction commits it with the handler's writes, or rolls it back with them).
+    One statement. Returns the applied sequence before (``None``: held by someone else) and
+    whether it was moved to ``sequence``. A new key is created, applied up to ``sequence`` if
+    that is ``first``."""
+    sql = cached_sql(
+        using,
+        "lock_and_apply",
+        lambda quote, _: (
+            f"WITH locked AS (SELECT {quote('applied_sequence')} FROM {_key_table(quote)} "
+            f"WHERE {quote('consumer')} = %s AND {quote('key')} = %s FOR UPDATE SKIP LOCKED), "
+            f"moved AS (UPDATE {_key_table(quote)} SET {quote('applied_sequence')} = %s, "
+            f"{quote('updated_at')} = now() WHERE {quote('consumer')} = %s "
+            f"AND {quote('key')} = %s "
+            f"AND (SELECT {quote('applied_sequence')} FROM locked) = %s::bigint - 1 RETURNING 1) "
+            f"SELECT (SELECT {quote('applied_sequence')} FROM locked), "
+            f"EXISTS (SELECT FROM moved)"
+        ),
+    )
+    with preparing.cursor(using) as cursor:
+        cursor.execute(sql, [consumer, key, sequence, consumer, key, sequence])
+        applied, moved = cursor.fetchone()
+        if applied is not None:
+            return int(applied), bool(moved)
+        # New (or held by someone): the inserted row is ours and locked.
+        cursor.execute(
+            _insert_key_sql(using), [consumer, key, first if sequence == first else first - 1]
+        )
+        if cursor.fetchone() is None:
+            return None, False
+    return first - 1, sequence == first
+
+
+def _insert_key_sql(using: str) -> str:
+    return cached_sql(
+        using,
+        "insert_key",
+        lambda quote, _: (
+            f"INSERT INTO {_key_table(quote)} ({quote('consumer')}, {quote('key')}, "
+            f"{quote('applied_sequence')}, {quote('updated_at')}) VALUES (%s, %s, %s, now()) "
+            f"ON CONFLICT ({quote('consumer')}, {quote('key')}) DO NOTHING "
+            f"RETURNING {quote('applied_sequence')}"
+        ),
+    )
 
 
 def _release_sql(quote: Any, table: str, condition: str) -> str:
@@ -95,14 +135,25 @@ def advance(consumer: str, key: str, sequence: int, now: datetime, using: str) -
 
 
 def complete_ordered(
-    pk: int, lease_id: str, consumer: str, key: str, sequence: int, now: datetime, using: str
+    pk: int,
+    lease_id: str,
+    consumer: str,
+    key: str,
+    sequence: int,
+    now: datetime,
+    using: str,
+    *,
+    applied: bool = False,
 ) -> tuple[bool, list[str]]:
-    """The fenced completion of a claimed version, the key's new applied sequence and the
-    release of the next version, in one statement. Returns whether the lease still held the
-    row (nothing else changes if not) and the released message ids."""
+    """The fenced completion of a claimed version, the key's new applied sequence (unless
+    ``applied``: :func:`lock_and_apply` recorded it) and the release of the next version, in
+    one statement. Returns whether the lease still held the row (nothing else changes if not)
+    and the released message ids."""
 
     def build(quote: Any, table: str) -> str:
         held = " AND EXISTS (SELECT FROM done)"
+        # Applied already: the key's row is not written again (a no-op "advance").
+        advance = _advance_sql(quote, held + (" AND false" if applied else ""))
         return (
             f"WITH done AS (UPDATE {table} SET "
             f"{quote('status')} = {status_literal(Status.COMPLETED)}, "
@@ -111,13 +162,13 @@ def complete_ordered(
             f"{quote('lease_id')} = '', {quote('last_error')} = '' "
             f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
             f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)} RETURNING 1), "
-            f"advanced AS ({_advance_sql(quote, held)}), "
+            f"advanced AS ({advance}), "
             f"released AS ({_release_sql(quote, table, held)}) "
             f"SELECT (SELECT count(*) FROM done), "
             f"(SELECT array_agg({quote('message_id')}) FROM released)"
         )
 
-    sql = cached_sql(using, "complete_ordered", build)
+    sql = cached_sql(using, ("complete_ordered", applied), build)
     stamp = connections[using].ops.adapt_datetimefield_value(now)
     params = [stamp, stamp, pk, lease_id, sequence, stamp, consumer, key]
     params += [stamp, stamp, consumer, key, sequence + 1]
