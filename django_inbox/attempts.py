@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from . import events, history, interruptions, leases, ordering
+from .commits import committing
 from .conf import inbox_settings
 from .db.connection import connection_lost, transaction_aborted
 from .exceptions import ConnectionLost, LeaseLost, Park, Reject, Retry, TransactionAborted
@@ -27,7 +27,6 @@ from .models import InboxMessage
 from .outcomes import Outcome
 from .registry import Handler, registry
 from .retry import RetryPolicy
-from .text import exception_text
 
 logger = logging.getLogger("django_inbox")
 Status = InboxMessage.Status
@@ -58,7 +57,7 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
     try:
         with committing(using, lambda: [] if held is not None else [message.pk]):
             if ordered:
-                held = hold(message, using)
+                held = ordering.hold(message, using)
             if held is None:
                 run_handler(handler, message, using)
                 now = timezone.now()
@@ -71,7 +70,7 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
                 if not completed:
                     raise LeaseLost(message.pk)
         if held is not None:
-            return held_back(message, held, using)
+            return ordering.held_back(message, held, using)
     except LeaseLost:
         logger.warning(
             "inbox message %s: lease lost to another worker; this attempt's work was rolled back",
@@ -115,102 +114,6 @@ def run_released(
             raise
         pending.extend(getattr(claimed[0], "inbox_released", []))
     return outcomes
-
-
-#: A claimed row whose key another transaction holds is due again after this many seconds.
-BUSY_DELAY = 0.2
-
-
-def hold(message: InboxMessage, using: str) -> Outcome | None:
-    """For a claimed row of an ordered consumer, in its transaction: lock its key and decide.
-    ``None``: run the handler. Otherwise the row is ``skipped`` or ``waiting`` (its claim's
-    attempt taken back), or ``IN_PROGRESS`` when another transaction holds the key."""
-    applied, moved = ordering.lock_for_worker(message, using)
-    message.inbox_applied = moved  # type: ignore[attr-defined]
-    verdict = ordering.decide(message.sequence, applied)
-    if verdict is ordering.Verdict.BUSY:
-        return Outcome.IN_PROGRESS
-    assert applied is not None
-    now = timezone.now()
-    skip = ordering.skip_requested(message)
-    if verdict is ordering.Verdict.RUN and not skip:
-        return None
-    assert message.sequence is not None
-    if verdict is ordering.Verdict.RUN:  # an operator skipped it ahead: it counts as applied
-        status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
-        reason = ordering.skipped_reason(message.history[-1])
-        if moved:
-            released = ordering.release_next(
-                message.consumer, message.key, message.sequence + 1, now, using
-            )
-        else:
-            released = ordering.advance(message.consumer, message.key, message.sequence, now, using)
-        message.inbox_released = released  # type: ignore[attr-defined]
-    elif verdict is ordering.Verdict.SKIP:
-        status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
-        reason = ordering.stale_reason(message.key, message.sequence, applied)
-    else:
-        status, outcome = Status.WAITING, Outcome.WAITING
-        until = ordering.gap_deadline(message.consumer, now)
-        reason = (
-            message.last_error
-            if skip
-            else ordering.waiting_reason(message.key, message.sequence, applied)
-        )
-    if not ordering.set_aside(message, status, until, reason, now, using):
-        raise LeaseLost(message.pk)
-    return outcome
-
-
-def held_back(message: InboxMessage, outcome: Outcome, using: str) -> Outcome:
-    """Report a row :func:`hold` did not run; give back one whose key was busy."""
-    if outcome is Outcome.IN_PROGRESS:
-        now = timezone.now()
-        with transaction.atomic(using=using):
-            leases.release(message, now, using, due=now + timedelta(seconds=BUSY_DELAY))
-        return outcome
-    events.event(str(outcome), **events.about(message, using, attempt=message.attempts - 1))
-    return outcome
-
-
-@contextmanager
-def committing(using: str, pks: Callable[[], list[int]]) -> Iterator[None]:
-    """``transaction.atomic()`` that does not take a failing ``on_commit`` callback for a
-    failure of its body.
-
-    Django runs the callbacks after the commit, inside ``atomic``'s exit, so their exception
-    comes out of the block as if the work had failed. Here an exception raised after the body
-    finished is swallowed (and logged: type and frames, not its message) when the commit did
-    happen, i.e. the rows ``pks()`` are ``completed``; any other exception propagates.
-    """
-    body_done = False
-    try:
-        with transaction.atomic(using=using):
-            yield
-            body_done = True
-    except Exception as exc:
-        # A lost connection is not asked whether it committed: the check would open a new one
-        # and hide the loss from the caller.
-        if not body_done or connection_lost(exc, using) or not _committed(exc, pks(), using):
-            raise
-
-
-def _committed(exc: Exception, pks: list[int], using: str) -> bool:
-    if connections[using].in_atomic_block:
-        return False  # a savepoint: nothing committed, and no callback has run yet
-    try:
-        done = InboxMessage.objects.using(using).filter(pk__in=pks, status=Status.COMPLETED)
-        committed = done.count() == len(pks)
-    except Exception:
-        return False
-    if committed:
-        logger.error(
-            "inbox: a transaction.on_commit callback raised after %d message(s) committed; "
-            "they are completed. Use on_commit(..., robust=True) for callbacks that may fail: %s",
-            len(pks),
-            exception_text(exc),
-        )
-    return committed
 
 
 def processed(message: InboxMessage, duration: float | None, using: str) -> None:

@@ -20,7 +20,6 @@ from django.utils import timezone
 
 from . import events, history, interruptions, ordering
 from .attempts import (
-    committing,
     failure,
     failure_outcome,
     give_back_interrupted,
@@ -30,6 +29,7 @@ from .attempts import (
     run_released,
 )
 from .claims import claim_batch
+from .commits import committing
 from .conf import inbox_settings
 from .db import statements
 from .db.connection import connection_lost

@@ -11,8 +11,8 @@ message of such a consumer is taken in a transaction that holds that row's lock
 - ``sequence > applied + 1``: a gap (or an earlier version still failing). The row is
   ``waiting``, with its gap deadline in ``next_attempt_at``; it runs once its predecessor is
   applied. Past the deadline with no version for the missing sequence that can still run, it
-  is ``parked`` (:func:`park_expired_gaps`); a replay of it then runs it past the gap
-  (:func:`jump_gap`).
+  is ``parked`` (:func:`django_inbox.gaps.park_expired_gaps`); a replay of it then runs it
+  past the gap (:func:`django_inbox.gaps.jump_gap`).
 - no ``sequence``: the handler runs, one at a time with the key's other messages; ``applied``
   does not move.
 
@@ -30,21 +30,17 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Min
 from django.utils import timezone
 
-from . import events, history, leases
+from . import events, leases
 from .conf import inbox_settings
 from .db import statements
+from .exceptions import LeaseLost
 from .models import InboxKey, InboxMessage
+from .outcomes import Outcome
 
 logger = logging.getLogger("django_inbox")
 Status = InboxMessage.Status
-
-#: ``last_error`` of a row parked because its gap was never filled starts with this.
-GAP_PREFIX = "gap: "
-#: Waiting rows looked at per sweep.
-SWEEP_BATCH = 500
 
 
 class Verdict(StrEnum):
@@ -182,23 +178,6 @@ def release_next(consumer: str, key: str, sequence: int, now: datetime, using: s
     return ids
 
 
-#: Statuses of a version that can still run (a predecessor worth waiting for).
-RUNNABLE = (
-    Status.RECEIVED, Status.IN_PROGRESS, Status.FAILED, Status.DEAD, Status.PARKED,
-    Status.WAITING,
-)  # fmt: skip
-
-
-def predecessor_exists(consumer: str, key: str, sequence: int, using: str) -> bool:
-    """Whether a version ``sequence`` of ``key`` exists that can still run (a completed or
-    skipped one can't: the key would have applied it)."""
-    return (
-        InboxMessage.objects.using(using)
-        .filter(consumer=consumer, key=key, sequence=sequence, status__in=RUNNABLE)
-        .exists()
-    )
-
-
 def skip_requested(message: InboxMessage) -> bool:
     """Whether an operator skipped this version before its key reached it: it is skipped
     (and counts as applied) when the key does."""
@@ -211,111 +190,53 @@ def skipped_reason(entry: dict[str, Any]) -> str:
     return f"skipped by {entry.get('by', '?')}" + (f": {reason}" if reason else "")
 
 
-def jump_gap(pk: int, consumer: str, key: str, sequence: int, using: str) -> int | None:
-    """An operator replayed a version parked for a gap: move the key's applied sequence up to
-    just below it, or just below the lowest version between that can still run (so nothing
-    that did arrive is passed over), and record it in the row's history. Returns the new
-    applied sequence, or ``None`` if nothing was passed over (its own transaction)."""
-    with transaction.atomic(using=using):
-        applied = lock(consumer, key, using, wait=True)
-        if applied is None or sequence <= applied + 1:
-            return None
-        lowest = (
-            InboxMessage.objects.using(using)
-            .filter(
-                consumer=consumer,
-                key=key,
-                sequence__gt=applied,
-                sequence__lt=sequence,
-                status__in=RUNNABLE,
-            )
-            .aggregate(lowest=Min("sequence"))["lowest"]
-        )
-        target = sequence - 1 if lowest is None else lowest - 1
-        if target <= applied:
-            return None
-        now = timezone.now()
-        InboxKey.objects.using(using).filter(consumer=consumer, key=key).update(
-            applied_sequence=target, updated_at=now
-        )
-        row = InboxMessage.objects.using(using).select_for_update().filter(pk=pk).first()
-        if row is not None:
-            entry = {
-                "kind": "past_gap",
-                "at": now.isoformat(),
-                "message": (
-                    f"replayed past the gap: sequences {applied + 1} to {target} of key "
-                    f"{key!r} never arrived; should they, they are skipped as stale"
-                ),
-            }
-            InboxMessage.objects.using(using).filter(pk=pk).update(
-                history=history.append(row.history, entry)
-            )
-        release_next(consumer, key, target + 1, now, using)
-    return target
+#: A claimed row whose key another transaction holds is due again after this many seconds.
+BUSY_DELAY = 0.2
 
 
-def park_expired_gaps(using: str | None = None, *, consumer: str | None = None) -> int:
-    """Look at ``waiting`` rows past their gap deadline: park those whose missing sequence
-    never arrived (``last_error`` names the key and the sequence), release those whose
-    predecessor has been applied meanwhile, and give more time to those held back by a
-    predecessor that exists (failing, dead or parked: an operator resolves it). Returns how
-    many rows were parked. Called by ``inbox_process`` and ``inbox_reclaim``."""
-    using = using or inbox_settings.database
+def hold(message: InboxMessage, using: str) -> Outcome | None:
+    """For a claimed row of an ordered consumer, in its transaction: lock its key and decide.
+    ``None``: run the handler. Otherwise the row is ``skipped`` or ``waiting`` (its claim's
+    attempt taken back), or ``IN_PROGRESS`` when another transaction holds the key."""
+    applied, moved = lock_for_worker(message, using)
+    message.inbox_applied = moved  # type: ignore[attr-defined]
+    verdict = decide(message.sequence, applied)
+    if verdict is Verdict.BUSY:
+        return Outcome.IN_PROGRESS
+    assert applied is not None
     now = timezone.now()
-    rows = InboxMessage.objects.using(using).filter(status=Status.WAITING, next_attempt_at__lte=now)
-    if consumer is not None:
-        rows = rows.filter(consumer=consumer)
-    due = list(rows.order_by("next_attempt_at").values_list("pk", flat=True)[:SWEEP_BATCH])
-    parked = 0
-    for pk in due:
-        parked += _look_at_waiting(pk, now, using)
-    return parked
-
-
-def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
-    with transaction.atomic(using=using):
-        found = InboxMessage.objects.using(using).filter(pk=pk, status=Status.WAITING).first()
-        if found is None or found.sequence is None:
-            return 0
-        applied = lock(found.consumer, found.key, using, wait=False)
-        if applied is None:
-            return 0  # busy: whoever holds the key decides; the next sweep looks again
-        rows = InboxMessage.objects.using(using).filter(pk=pk, status=Status.WAITING)
-        verdict = decide(found.sequence, applied)
-        if verdict is Verdict.RUN:
-            rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now)
-            return 0
-        if verdict is Verdict.SKIP:
-            rows.update(
-                status=Status.SKIPPED,
-                next_attempt_at=None,
-                updated_at=now,
-                processed_at=now,
-                last_error=stale_reason(found.key, found.sequence, applied),
-            )
-            return 0
-        missing = applied + 1
-        if skip_requested(found) or predecessor_exists(found.consumer, found.key, missing, using):
-            rows.update(next_attempt_at=gap_deadline(found.consumer, now), updated_at=now)
-            return 0
-        timeout = inbox_settings.policy(found.consumer).gap_timeout
+    skip = skip_requested(message)
+    if verdict is Verdict.RUN and not skip:
+        return None
+    assert message.sequence is not None
+    if verdict is Verdict.RUN:  # an operator skipped it ahead: it counts as applied
+        status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
+        reason = skipped_reason(message.history[-1])
+        if moved:
+            released = release_next(message.consumer, message.key, message.sequence + 1, now, using)
+        else:
+            released = advance(message.consumer, message.key, message.sequence, now, using)
+        message.inbox_released = released  # type: ignore[attr-defined]
+    elif verdict is Verdict.SKIP:
+        status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
+        reason = stale_reason(message.key, message.sequence, applied)
+    else:
+        status, outcome = Status.WAITING, Outcome.WAITING
+        until = gap_deadline(message.consumer, now)
         reason = (
-            f"{GAP_PREFIX}key {found.key!r} is missing sequence {missing} (applied: {applied}; "
-            f"this is {found.sequence}); it did not arrive within {timeout:g}s. Replay this "
-            "message to run it past the gap, or deliver the missing one and replay"
+            message.last_error if skip else waiting_reason(message.key, message.sequence, applied)
         )
-        entry = {"kind": "gap", "at": now.isoformat(), "message": reason, "missing": missing}
-        parked = rows.update(
-            status=Status.PARKED,
-            next_attempt_at=None,
-            updated_at=now,
-            last_error=reason,
-            history=history.append(found.history, entry),
-        )
-    if not parked:
-        return 0  # another sweep decided it meanwhile
-    events.event(
-        "parked", **events.about(found, using), error_type="Gap", detail=f"missing {missing}"
-    )
-    return 1
+    if not set_aside(message, status, until, reason, now, using):
+        raise LeaseLost(message.pk)
+    return outcome
+
+
+def held_back(message: InboxMessage, outcome: Outcome, using: str) -> Outcome:
+    """Report a row :func:`hold` did not run; give back one whose key was busy."""
+    if outcome is Outcome.IN_PROGRESS:
+        now = timezone.now()
+        with transaction.atomic(using=using):
+            leases.release(message, now, using, due=now + timedelta(seconds=BUSY_DELAY))
+        return outcome
+    events.event(str(outcome), **events.about(message, using, attempt=message.attempts - 1))
+    return outcome

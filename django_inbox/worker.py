@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from . import interruptions, ordering
+from . import gaps, interruptions
 from .attempts import give_back_interrupted, process_batch, release, run_released
 from .claims import claim_batch
 from .conf import inbox_settings
@@ -96,7 +96,7 @@ class Worker:
             self._next_gap_sweep = time.monotonic() + GAP_SWEEP_EVERY
             for consumer in self._consumers():
                 if inbox_settings.ordered(consumer):
-                    ordering.park_expired_gaps(self.using, consumer=consumer)
+                    gaps.park_expired_gaps(self.using, consumer=consumer)
         for consumer in self._consumers():
             room = self._room()
             if room <= 0 or self.shutdown.requested:

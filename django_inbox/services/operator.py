@@ -18,7 +18,7 @@ from django.db import connections, transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from .. import events, history, ordering
+from .. import events, gaps, history, ordering
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxMessage
@@ -112,10 +112,10 @@ def replay(
         for row in replayed:
             if (
                 row.sequence is not None
-                and row.last_error.startswith(ordering.GAP_PREFIX)
+                and row.last_error.startswith(gaps.GAP_PREFIX)
                 and ordering.applies(row.consumer, row.key)
             ):
-                ordering.jump_gap(row.pk, row.consumer, row.key, row.sequence, using)
+                gaps.jump_gap(row.pk, row.consumer, row.key, row.sequence, using)
 
     return _act("replay", rows, statuses, decide, change, options, after=past_gaps)
 

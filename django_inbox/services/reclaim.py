@@ -16,7 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import leases, ordering
+from .. import gaps, leases
 from ..conf import inbox_settings
 from ..models import InboxMessage
 from ..takeover import abandoned_status, record_abandoned_attempt, split_blame, whole_leases
@@ -73,7 +73,7 @@ def reclaim(
     using = inbox_settings.database
     result = ReclaimResult()
     if not dry_run:
-        result.parked_gaps = ordering.park_expired_gaps(using, consumer=consumer)
+        result.parked_gaps = gaps.park_expired_gaps(using, consumer=consumer)
     seen: set[int] = set()
     while True:
         now = timezone.now()

@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from ..conf import inbox_settings
 from ..db import statements
+from ..gaps import GAP_PREFIX
 from ..models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
-from ..ordering import GAP_PREFIX
 from ..registry import registry
 
 Status = InboxMessage.Status

@@ -14,8 +14,8 @@ from django.utils import timezone
 from effects.models import OrderedRun
 
 from django_inbox import InvalidField, Outcome, deliver, store
+from django_inbox.gaps import GAP_PREFIX, park_expired_gaps
 from django_inbox.models import InboxKey, InboxMessage
-from django_inbox.ordering import GAP_PREFIX, park_expired_gaps
 from django_inbox.services import operator
 from django_inbox.services.reclaim import reclaim
 from django_inbox.worker import Worker
@@ -385,7 +385,7 @@ def test_a_completed_version_of_an_ordered_consumer_is_not_re_run() -> None:
 
 
 def test_concurrent_sweeps_park_a_gap_once() -> None:
-    from django_inbox import ordering
+    from django_inbox import gaps
 
     with ordered_policy(gap_timeout=0.05):
         send("K", 1)
@@ -393,8 +393,8 @@ def test_concurrent_sweeps_park_a_gap_once() -> None:
         time.sleep(0.1)
         pk = row("K-3").pk
         now = timezone.now()
-        assert ordering._look_at_waiting(pk, now, "default") == 1
-        assert ordering._look_at_waiting(pk, now, "default") == 0
+        assert gaps._look_at_waiting(pk, now, "default") == 1
+        assert gaps._look_at_waiting(pk, now, "default") == 0
 
 
 def test_the_oldest_waiting_age_counts_from_arrival() -> None:
