@@ -20,6 +20,7 @@ from .exceptions import (
 )
 from .outcomes import Outcome
 from .registry import inbox_handler
+from .side_effects import side_effect
 
 if TYPE_CHECKING:
     from .delivery import deliver
@@ -43,6 +44,7 @@ __all__ = [
     "UnknownEventType",
     "deliver",
     "inbox_handler",
+    "side_effect",
     "store",
     "store_dead",
 ]

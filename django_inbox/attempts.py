@@ -18,7 +18,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import events, history, interruptions, leases, ordering
+from . import events, history, interruptions, leases, ordering, side_effects
 from .commits import committing
 from .conf import inbox_settings
 from .db.connection import connection_lost, transaction_aborted
@@ -154,8 +154,24 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
 
 
 def run_handler(handler: Handler, message: InboxMessage, using: str) -> None:
-    """Call the handler inside the caller's transaction; refuse to commit an aborted one."""
-    handler.func(message)
+    """Call the handler inside the caller's transaction; refuse to commit an aborted one.
+
+    A re-run of a completed message whose consumer suppresses side effects runs with
+    ``@side_effect`` calls skipped; the calls it skipped go into the row's history with the
+    completion (here, in the same transaction) or with the failure that is recorded.
+    """
+    if not (message.rerun and side_effects.suppresses(message)):
+        handler.func(message)
+        _refuse_aborted(using)
+        return
+    with side_effects.suppressing(message, using) as state:
+        handler.func(message)
+    _refuse_aborted(using)
+    if state.functions:
+        InboxMessage.objects.using(using).filter(pk=message.pk).update(history=message.history)
+
+
+def _refuse_aborted(using: str) -> None:
     if transaction_aborted(using):
         raise TransactionAborted(
             "the handler caught a database error without a savepoint, so its transaction "

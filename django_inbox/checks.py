@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
-from .conf import DEFAULTS, POLICY_KEYS, UNHANDLED_CHOICES
+from .conf import DEFAULTS, POLICY_KEYS, SIDE_EFFECTS_CHOICES, UNHANDLED_CHOICES
 from .db.checks import check_database  # noqa: F401  (registers the database checks)
 from .durations import to_seconds
 from .registry import registry
@@ -82,6 +82,16 @@ def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
                 raise ValueError("it must be more than zero seconds")
         except ValueError as exc:
             errors.append(Error(f"{where} gap_timeout: {exc}.", id="django_inbox.E016"))
+    rerun = values.get("side_effects_on_rerun", "run")
+    if rerun not in SIDE_EFFECTS_CHOICES:
+        errors.append(
+            Error(
+                f"{where} side_effects_on_rerun must be one of {SIDE_EFFECTS_CHOICES}, "
+                f"got {rerun!r}.",
+                hint="'suppress' skips @side_effect calls while a completed message re-runs.",
+                id="django_inbox.E017",
+            )
+        )
     if "backoff_base" in seconds and seconds["backoff_base"] <= 0:
         errors.append(
             Error(f"{where} backoff base must be more than zero seconds.", id="django_inbox.E003")

@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_ORDERED": False,
     "INBOX_GAP_TIMEOUT": 600.0,
     "INBOX_FIRST_SEQUENCE": 1,
+    "INBOX_SIDE_EFFECTS_ON_RERUN": "run",
 }
 
 #: Keys a consumer may override in ``INBOX_CONSUMERS`` and the global setting each one defaults to.
@@ -59,9 +60,12 @@ POLICY_KEYS: dict[str, str] = {
     "ordered": "INBOX_ORDERED",
     "gap_timeout": "INBOX_GAP_TIMEOUT",
     "first_sequence": "INBOX_FIRST_SEQUENCE",
+    "side_effects_on_rerun": "INBOX_SIDE_EFFECTS_ON_RERUN",
 }
 
 UNHANDLED_CHOICES = ("dead", "refuse")
+#: What a ``@side_effect`` call does during a re-run of a completed message.
+SIDE_EFFECTS_CHOICES = ("run", "suppress")
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,13 @@ class Policy:
     gap_timeout: float = 600.0
     #: The sequence a key's first message has.
     first_sequence: int = 1
+    #: ``"run"`` or ``"suppress"``: ``@side_effect`` calls during a re-run of a completed message.
+    side_effects_on_rerun: str = "run"
+
+    @property
+    def suppresses_side_effects(self) -> bool:
+        """Whether ``@side_effect`` calls are skipped while a completed message re-runs."""
+        return self.side_effects_on_rerun == "suppress"
 
 
 class InboxSettings:
@@ -236,6 +247,7 @@ class InboxSettings:
             ordered=bool(values["ordered"]),
             gap_timeout=to_seconds(values["gap_timeout"]),
             first_sequence=int(values["first_sequence"]),
+            side_effects_on_rerun=str(values["side_effects_on_rerun"]),
         )
 
     def ordered(self, consumer: str) -> bool:

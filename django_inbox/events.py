@@ -30,6 +30,7 @@ LEVELS = {
     "waiting": logging.INFO,
     "processed": logging.INFO,
     "replayed": logging.INFO,
+    "suppressed": logging.INFO,
     "failed": logging.WARNING,
     "parked": logging.WARNING,
     "reclaimed": logging.WARNING,
@@ -84,9 +85,11 @@ def event(
     error_type: str | None = None,
     retry_at: datetime | None = None,
     detail: str = "",
+    send_signal: bool = True,
     **extra: Any,
 ) -> None:
-    """Log ``kind`` (``processed``, ``failed``, …) for a message and send its signal."""
+    """Log ``kind`` (``processed``, ``failed``, …) for a message and send its signal (unless
+    ``send_signal`` is false: the caller sends it later, where the database may be used)."""
     kind = str(kind)  # a plain string in the record, even when given a status
     level = LEVELS[kind]
     if logger.isEnabledFor(level):
@@ -111,7 +114,7 @@ def event(
             text += f"; {detail}"
         logger.log(level, "%s", text, extra=fields)
     signal = signals.SIGNALS[kind]
-    if signals.listened(signal):
+    if send_signal and signals.listened(signal):
         if error_type is not None:
             extra["error_type"] = error_type
         if retry_at is not None:

@@ -1,8 +1,9 @@
 """Entries of a row's ``history``: one per failed attempt and per operator action.
 
 Every entry is a JSON object with ``kind`` (``"error"`` for a failed attempt, including one
-whose worker died, ``"LeaseExpired"``; ``"replay"``, ``"park"``, ``"retry"`` for operator
-actions), ``at`` (ISO 8601) and fields of its kind.
+whose worker died, ``"LeaseExpired"``; ``"replay"``, ``"park"``, ``"retry"``, ``"skip"`` for
+operator actions; ``"suppressed"`` for a ``@side_effect`` call a re-run did not make), ``at``
+(ISO 8601) and fields of its kind.
 """
 
 from __future__ import annotations
@@ -92,6 +93,18 @@ def interrupted_entry(attempt: int, error: str, *, at: datetime) -> dict[str, An
             + (f" ({error})" if error else "")
             + "; the attempt is not counted"
         )[:MAX_MESSAGE],
+    }
+
+
+def suppressed_entry(function: str, attempt: int, *, at: datetime) -> dict[str, Any]:
+    """A ``@side_effect`` call that did not run: the message was re-run and its consumer
+    suppresses side effects on re-runs. Names the function, never its arguments."""
+    return {
+        "kind": "suppressed",
+        "at": at.isoformat(),
+        "attempt": attempt,
+        "function": storable(function)[:MAX_ACTOR],
+        "message": "side effect not run: re-run of a completed message",
     }
 
 

@@ -97,6 +97,13 @@ class InboxMessage(models.Model):
     locked_until = models.DateTimeField(null=True, blank=True)
     lease_id = models.CharField(max_length=36, blank=True, default="")
     processed_at = models.DateTimeField(null=True, blank=True)
+    rerun = models.BooleanField(
+        default=False,
+        help_text=_(
+            "An operator re-ran this message after it had completed: its handler runs as a "
+            "re-run (message.is_rerun), and @side_effect calls follow the consumer's policy."
+        ),
+    )
 
     objects = InboxMessageQuerySet.as_manager()
 
@@ -156,6 +163,15 @@ class InboxMessage(models.Model):
         """
         digest = hashlib.sha256(f"{self.consumer}\x00{self.message_id}".encode()).hexdigest()
         return f"inbox-{digest}"
+
+    @property
+    def is_rerun(self) -> bool:
+        """Whether this run re-runs a message that had completed (an operator's forced re-run
+        or rebuild). ``False`` on a message's first run and on replays of rows that never
+        completed. A re-run that fails and is replayed again is still a re-run: the message
+        completed once, and its outside effects happened then.
+        """
+        return bool(self.rerun)
 
     @property
     def errors(self) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ Every signal is sent with ``sender=InboxMessage`` and these keyword arguments:
     A dict of details of the signal: ``error_type`` and ``retry_at`` for ``message_failed``;
     ``error_type`` for ``message_dead`` and ``message_parked``; ``actor``, ``via``,
     ``reason`` and ``previous_status`` for ``message_replayed``; ``outcome`` for
-    ``message_reclaimed``.
+    ``message_reclaimed``; ``function`` for ``side_effect_suppressed``.
 
 Signals are sent when the transaction that made the change commits (at once outside one), so a
 receiver never hears of work that was rolled back. With no receiver connected, sending costs a
@@ -69,6 +69,9 @@ message_replayed = _Signal()
 message_skipped = _Signal()
 #: An ordered consumer's message waits for an earlier sequence of its key.
 message_waiting = _Signal()
+#: A re-run of a completed message did not make a ``@side_effect`` call (its consumer's policy
+#: is ``"side_effects_on_rerun": "suppress"``); ``extra["function"]`` names it.
+side_effect_suppressed = _Signal()
 #: The message's worker died or hung; its row was taken over (``extra["outcome"]``: the status).
 message_reclaimed = _Signal()
 
@@ -83,6 +86,7 @@ SIGNALS = {
     "reclaimed": message_reclaimed,
     "skipped": message_skipped,
     "waiting": message_waiting,
+    "suppressed": side_effect_suppressed,
 }
 
 

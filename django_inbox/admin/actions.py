@@ -23,6 +23,7 @@ from django.template.response import TemplateResponse
 from django.utils.text import Truncator
 
 from .. import services
+from ..conf import inbox_settings
 from ..models import InboxMessage
 from ..services import ActionResult, count_by_status
 
@@ -75,8 +76,11 @@ ACTIONS: dict[str, Action] = {
         options={"force": True},
         only_from=True,
         reason_required=True,
-        explain="Their handlers run again, and the effects they write are applied a second "
-        "time. Only do this to repair data the first run got wrong. A reason is required.",
+        explain="Their handlers run again, as re-runs (message.is_rerun), and the effects they "
+        "write are applied a second time; calls to @side_effect functions run or are "
+        "suppressed as each consumer's policy says (below). An ordered consumer's keys re-run "
+        "in sequence order from the first selected version, later versions included. Only do "
+        "this to repair data the first run got wrong, or to rebuild. A reason is required.",
     ),
     "park_messages": Action(
         permission="park",
@@ -209,6 +213,7 @@ class ActionsMixin(_Base):
             "reason": reason,
             "error": error,
             "media": self.media,
+            "side_effects": _side_effects(queryset) if name == "force_rerun_messages" else [],
         }
         return TemplateResponse(
             request, "admin/django_inbox/inboxmessage/action_confirmation.html", context
@@ -244,6 +249,20 @@ class ActionsMixin(_Base):
         if result.refused:
             refused = "; ".join(f"{n:,} {why}" for why, n in sorted(result.refused.items()))
             self.message_user(request, f"Left unchanged: {refused}.", messages.WARNING)
+
+
+def _side_effects(rows: QuerySet[InboxMessage]) -> list[tuple[str, bool, bool]]:
+    """Per consumer of ``rows``: whether its re-runs suppress side effects, and whether it is
+    ordered (what the force re-run confirmation tells the operator)."""
+    consumers = rows.order_by().values_list("consumer", flat=True).distinct()
+    return [
+        (
+            consumer,
+            inbox_settings.policy(consumer).suppresses_side_effects,
+            inbox_settings.ordered(consumer),
+        )
+        for consumer in sorted(set(consumers))
+    ]
 
 
 def actor_of(request: HttpRequest) -> str:

@@ -9,6 +9,8 @@ process; gauges are read from the database when scraped (never while Django star
 
 Labels are bounded: ``consumer`` and ``event_type`` only take names your handlers are
 registered for; any other event type (a hostile or misrouted message) is counted as ``other``.
+``function`` (``inbox_side_effects_suppressed_total``) names ``@side_effect`` functions, which
+your code defines.
 """
 
 from __future__ import annotations
@@ -78,6 +80,18 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=registry,
         )
+        self.suppressed = Counter(
+            "inbox_side_effects_suppressed",
+            "@side_effect calls that re-runs of completed messages did not make (consumers "
+            "with side_effects_on_rerun='suppress'), by consumer and function.",
+            ["consumer", "function"],
+            registry=registry,
+        )
+
+    def suppressed_receiver(self, sender: Any, consumer: str, **kwargs: Any) -> None:
+        consumer_label, _ = labels(consumer, "")
+        function = str((kwargs.get("extra") or {}).get("function", "other"))
+        self.suppressed.labels(consumer_label, function).inc()
 
     def receiver(self, outcome: str) -> Any:
         def receive(sender: Any, consumer: str, event_type: str, **kwargs: Any) -> None:
@@ -175,6 +189,11 @@ def install(registry: CollectorRegistry = REGISTRY, *, gauges: bool = True) -> M
                     dispatch_uid=f"django_inbox.prometheus.{id(registry)}.{outcome}",
                     weak=False,
                 )
+            signals.side_effect_suppressed.connect(
+                metrics.suppressed_receiver,
+                dispatch_uid=f"django_inbox.prometheus.{id(registry)}.suppressed",
+                weak=False,
+            )
         if gauges and registry not in _with_gauges:
             collector = _with_gauges[registry] = StatsCollector()
             registry.register(collector)

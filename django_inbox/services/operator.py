@@ -22,6 +22,7 @@ from .. import events, gaps, history, ordering
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxMessage
+from . import rerun
 
 Status = InboxMessage.Status
 
@@ -45,6 +46,10 @@ class ActionResult:
     #: ``(pk, consumer, message_id, previous status)`` of the rows changed: the first ``keep``
     #: (all of them when ``keep`` is ``None``).
     rows: list[tuple[int, str, str, str]] = field(default_factory=list)
+    #: What an operator should know (an ordered consumer's re-run, per key), and how many
+    #: more such notes were left out.
+    notes: list[str] = field(default_factory=list)
+    more_notes: int = 0
 
     @property
     def total(self) -> int:
@@ -75,30 +80,30 @@ def replay(
     ``received``, due now, with a fresh set of attempts and their history kept.
 
     ``completed`` rows are refused unless ``force`` is given and the consumer's
-    ``allow_replay_completed`` policy is on: replaying one runs its handler, and its effects,
-    a second time. Rows in other statuses are refused: they are still being processed.
+    ``allow_replay_completed`` policy is on. A forced replay of a completed row is a re-run:
+    the row is marked (:attr:`~django_inbox.models.InboxMessage.is_rerun`), its handler runs
+    again, and its ``@side_effect`` calls follow the consumer's ``side_effects_on_rerun``
+    policy. An ordered consumer's completed versions are re-run key by key in sequence order
+    (:mod:`~django_inbox.services.rerun`). Rows in other statuses are refused: they are still
+    being processed.
     """
     statuses: tuple[str, ...] = (*REPLAYABLE, Status.COMPLETED)
 
-    def decide(row: InboxMessage) -> str | None:
-        if row.status in REPLAYABLE:
-            return None
-        if row.sequence is not None and ordering.applies(row.consumer, row.key):
-            return (
-                "completed version of an ordered consumer (its key has applied it: re-run, "
-                "it would be skipped as stale)"
-            )
+    def refusal(consumer: str) -> str | None:
         if not force:
             return (
                 "completed (replaying it runs its handler again: only a forced re-run may, "
                 "inbox_replay --force or the admin's re-run action)"
             )
-        if not inbox_settings.policy(row.consumer).allow_replay_completed:
-            return f"completed, and consumer {row.consumer!r} sets allow_replay_completed=False"
+        if not inbox_settings.policy(consumer).allow_replay_completed:
+            return f"completed, and consumer {consumer!r} sets allow_replay_completed=False"
         return None
 
-    def change(now: datetime) -> dict[str, Any]:
-        return {
+    def decide(row: InboxMessage) -> str | None:
+        return None if row.status in REPLAYABLE else refusal(row.consumer)
+
+    def change(now: datetime, status: str) -> dict[str, Any]:
+        changes: dict[str, Any] = {
             "status": Status.RECEIVED,
             "attempts": 0,
             "next_attempt_at": now,
@@ -106,6 +111,9 @@ def replay(
             "lease_id": "",
             "processed_at": None,
         }
+        if status == Status.COMPLETED:
+            changes["rerun"] = True
+        return changes
 
     def past_gaps(replayed: list[InboxMessage]) -> None:
         using = inbox_settings.database
@@ -117,14 +125,55 @@ def replay(
             ):
                 gaps.jump_gap(row.pk, row.consumer, row.key, row.sequence, using)
 
-    return _act("replay", rows, statuses, decide, change, options, after=past_gaps)
+    plain, versions = rerun.split(rows)
+    result = _act("replay", plain, statuses, decide, change, options, after=past_gaps)
+    if versions.exists():
+        _rerun_versions(versions, refusal, options, result)
+    return result
+
+
+def _rerun_versions(
+    versions: QuerySet[InboxMessage],
+    refusal: Callable[[str], str | None],
+    options: ActionOptions,
+    result: ActionResult,
+) -> None:
+    """Re-run ordered consumers' completed versions, one key at a time (its own transaction)."""
+    actor, reason, via, dry_run, keep = _options("replay", options)
+    using = inbox_settings.database
+    entry = history.action_entry(
+        "replay", at=timezone.now(), actor=actor, reason=reason, previous_status="", attempts=0,
+        via=via,
+    )  # fmt: skip
+    for start in rerun.starts(versions):
+        consumer, key, first = start["consumer"], start["key"], int(start["first"])
+        refused = refusal(consumer)
+        if refused is not None:
+            result.refused[refused] += start["selected"]
+            continue
+        if dry_run:
+            key_plan = rerun.plan(consumer, key, first, using, lock=False)
+        else:
+            key_plan = rerun.rerun_key(consumer, key, first, entry, using)
+            _report("replay", key_plan.runs, actor, via, reason, using)
+        key_plan.selected = start["selected"]
+        for row in (*key_plan.runs, *key_plan.skips):
+            result.changed[row.status] += 1
+            if keep is None or len(result.rows) < keep:
+                result.rows.append((row.pk, consumer, row.message_id, row.status))
+        said = rerun.note(key_plan)
+        if said is not None:
+            if len(result.notes) < rerun.MAX_NOTES:
+                result.notes.append(said)
+            else:
+                result.more_notes += 1
 
 
 def park(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> ActionResult:
     """Set ``received``, ``failed`` and ``dead`` rows aside as ``parked``: no worker takes them
     until they are replayed. A row being processed (``in_progress``) cannot be parked."""
 
-    def change(now: datetime) -> dict[str, Any]:
+    def change(now: datetime, status: str) -> dict[str, Any]:
         return {"status": Status.PARKED, "next_attempt_at": None}
 
     return _act("park", rows, PARKABLE, None, change, options)
@@ -133,7 +182,7 @@ def park(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> Acti
 def retry_now(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> ActionResult:
     """Make ``failed`` rows due now instead of after their backoff; attempts are kept."""
 
-    def change(now: datetime) -> dict[str, Any]:
+    def change(now: datetime, status: str) -> dict[str, Any]:
         return {"next_attempt_at": now}
 
     return _act("retry", rows, RETRYABLE, None, change, options)
@@ -294,16 +343,18 @@ def _act(
                     via=via,
                 )
                 if in_sql:
-                    statements.update_appending_history(
-                        [row.pk for row in accepted],
-                        sorted({row.status for row in accepted}),
-                        {**change(now), "updated_at": now},
-                        entry,
-                        using,
-                    )
+                    for status in sorted({row.status for row in accepted}):
+                        statements.update_appending_history(
+                            [row.pk for row in accepted if row.status == status],
+                            [status],
+                            {**change(now, status), "updated_at": now},
+                            entry,
+                            using,
+                        )
                 else:
-                    changes = change(now)
-                    accepted = [r for r in accepted if _update_row(r, changes, entry, now)]
+                    accepted = [
+                        r for r in accepted if _update_row(r, change(now, r.status), entry, now)
+                    ]
             if not dry_run:
                 _report(action, accepted, actor, via, reason, using)
         if after is not None and not dry_run and accepted:

@@ -31,6 +31,7 @@ def select(
     statuses: list[str] | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    keys: list[str] | None = None,
 ) -> QuerySet[InboxMessage]:
     """Rows matching every criterion given. ``since``/``until`` apply to ``updated_at``:
     when the row reached its current status (went dead, was parked, completed).
@@ -49,6 +50,8 @@ def select(
         rows = rows.filter(event_type__in=event_types)
     if statuses is not None:
         rows = rows.filter(status__in=statuses)
+    if keys is not None:
+        rows = rows.filter(key__in=keys)
     if since is not None:
         rows = rows.filter(updated_at__gte=since)
     if until is not None:

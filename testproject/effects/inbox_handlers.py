@@ -15,11 +15,17 @@ import os
 import signal
 import time
 
+from asgiref.sync import async_to_sync
 from django.db import connection, transaction
 
-from django_inbox import Park, Reject, inbox_handler
+from django_inbox import Park, Reject, inbox_handler, side_effect
 
-from .models import Effect, OrderedRun
+from .models import Effect, OrderedRun, Projection
+
+#: Calls the side effects below made in this process (tests in this process read it).
+SENT: list[str] = []
+#: Folding a version into a projection: order-dependent, so an out-of-order rebuild shows.
+MODULUS = 2**61 - 1
 
 
 def _write(message, consumer):
@@ -28,7 +34,31 @@ def _write(message, consumer):
         message_id=message.message_id,
         attempt=message.attempts,
         pid=os.getpid(),
+        rerun=message.is_rerun,
     )
+
+
+@side_effect
+def send_receipt(message_id: str) -> str:
+    """An effect outside the database: a line in ``SIDE_EFFECTS_FILE`` (if set) and ``SENT``."""
+    SENT.append(message_id)
+    path = os.environ.get("SIDE_EFFECTS_FILE")
+    if path:
+        with open(path, "a") as lines:  # one short write per call: O_APPEND keeps it whole
+            lines.write(f"{message_id} {os.getpid()}\n")
+    return "sent"
+
+
+@side_effect(name="effects.notify_async")
+async def notify_async(message_id: str) -> str:
+    SENT.append(f"async:{message_id}")
+    return "notified"
+
+
+def _tell_the_customer(message):
+    """Code the handler calls, which calls the side effects (not the handler itself)."""
+    send_receipt(message.message_id)
+    async_to_sync(notify_async)(message.message_id)
 
 
 def _misbehave(message):
@@ -105,3 +135,37 @@ def apply_ordered(message):
         ended=time.time(),
         pid=os.getpid(),
     )
+
+
+def _notify(message, consumer):
+    _write(message, consumer)
+    _tell_the_customer(message)
+    _misbehave(message)
+
+
+@inbox_handler("effect.notify", consumer="effects")
+def notify_effect(message):
+    """A database write and two side effects; ``effects`` runs side effects on re-runs."""
+    _notify(message, "effects")
+
+
+@inbox_handler("effect.notify", consumer="notify")
+def notify_suppressed(message):
+    """The same in ``notify``, which suppresses side effects on re-runs."""
+    _notify(message, "notify")
+
+
+@inbox_handler("projection.apply", consumer="projection")
+def apply_projection(message):
+    """Fold version ``sequence`` (payload ``n``) into its key's projection; tell someone."""
+    _misbehave(message)
+    projection, _ = Projection.objects.select_for_update().get_or_create(key=message.key)
+    if message.sequence == 1:  # the key's first version starts it afresh (a rebuild's too)
+        projection.value = projection.version = 0
+    if message.sequence <= projection.version:  # never backwards (a skipped version may jump)
+        raise RuntimeError(f"{message.key}: version {message.sequence} after {projection.version}")
+    projection.value = (projection.value * 31 + int(message.payload["n"])) % MODULUS
+    projection.version = message.sequence
+    projection.reruns += int(message.is_rerun)
+    projection.save()
+    send_receipt(message.message_id)

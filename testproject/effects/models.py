@@ -9,6 +9,7 @@ class Effect(models.Model):
     message_id = models.CharField(max_length=255)
     attempt = models.IntegerField()
     pid = models.IntegerField()
+    rerun = models.BooleanField(default=False)
 
     def __str__(self) -> str:
         return f"{self.consumer}:{self.message_id} attempt {self.attempt}"
@@ -27,3 +28,17 @@ class OrderedRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}@{self.sequence}"
+
+
+class Projection(models.Model):
+    """A projection the ``projection`` consumer folds its versions into, in order: ``value``
+    depends on the order the versions were applied in, so a rebuild that ran them in another
+    order (or twice, or not at all) ends with another value."""
+
+    key = models.CharField(max_length=255, unique=True)
+    value = models.BigIntegerField(default=0)
+    version = models.BigIntegerField(default=0)
+    reruns = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.key}@{self.version}"

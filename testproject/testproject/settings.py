@@ -85,6 +85,16 @@ INBOX_CONSUMERS = {
         "backoff_max": 0.05,
         "lease": 5.0,
     },
+    # Re-runs: "notify" suppresses side effects on re-runs, "effects" runs them (the default);
+    # "projection" is an ordered projection rebuilt by re-runs.
+    "notify": {"side_effects_on_rerun": "suppress", "max_attempts": 3, "backoff_base": 0.01},
+    "projection": {
+        "ordered": True,
+        "side_effects_on_rerun": "suppress",
+        "max_attempts": 3,
+        "backoff_base": 0.01,
+        "backoff_max": 0.05,
+    },
     "effects": {
         "max_attempts": 3,
         "backoff_base": 0.01,

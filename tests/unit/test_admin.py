@@ -512,6 +512,28 @@ def test_force_rerun_needs_a_reason() -> None:
 
 
 @pytest.mark.django_db
+def test_force_rerun_says_per_consumer_whether_side_effects_run() -> None:
+    suppressing = make_row(Status.COMPLETED, consumer="notify", event_type="effect.notify")
+    running = make_row(Status.COMPLETED, consumer="effects", event_type="effect.notify")
+    client = login(make_user("superuser"))
+    page = client.post(
+        CHANGELIST,
+        {
+            "action": "force_rerun_messages",
+            "_selected_action": [suppressing.pk, running.pk],
+            "index": 0,
+        },
+    )
+    assert is_confirmation(page)
+    text = re.sub(r"<[^>]+>", "", html(page))
+    assert "notify: side effects will be suppressed" in text
+    assert "effects: side effects will run again" in text
+    form = form_with(html(page), "confirm", "yes")
+    assert client.post(CHANGELIST, as_post(form, reason="rebuild")).status_code == 302
+    assert set(InboxMessage.objects.values_list("rerun", flat=True)) == {True}
+
+
+@pytest.mark.django_db
 def test_force_rerun_changes_only_completed_rows() -> None:
     completed = make_row(Status.COMPLETED)
     dead = make_row(Status.DEAD)

@@ -374,14 +374,22 @@ def test_a_first_sequence_of_zero() -> None:
     assert runs("K") == [0, 1]
 
 
-def test_a_completed_version_of_an_ordered_consumer_is_not_re_run() -> None:
+def test_a_forced_re_run_of_a_completed_version_rewinds_its_key_and_runs_in_order() -> None:
     send("K", 1)
+    send("K", 2)
     result = operator.replay(
         InboxMessage.objects.filter(message_id="K-1"), actor="a", reason="r", force=True
     )
-    assert result.total == 0
-    assert any("ordered consumer" in why for why in result.refused)
-    assert row("K-1").status == Status.COMPLETED
+    assert result.changed == {"completed": 2}  # version 2 re-runs after it, to keep the order
+    assert (row("K-1").status, row("K-2").status) == (Status.RECEIVED, Status.WAITING)
+    assert applied("K") == 0
+    drain()
+    assert runs("K") == [1, 2, 1, 2]
+    assert applied("K") == 3 - 1 and row("K-2").is_rerun
+    without_force = operator.replay(
+        InboxMessage.objects.filter(message_id="K-1"), actor="a", reason="r"
+    )
+    assert without_force.total == 0 and row("K-1").status == Status.COMPLETED
 
 
 def test_concurrent_sweeps_park_a_gap_once() -> None:

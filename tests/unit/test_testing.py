@@ -313,8 +313,8 @@ def test_check_exactly_once_catches_a_handler_that_commits_on_its_own_connection
             assert other.settings_dict["NAME"] == database, "must write to the test database"
             with other.cursor() as cursor:  # autocommit: committed at once
                 cursor.execute(
-                    "INSERT INTO effects_effect (consumer, message_id, attempt, pid) "
-                    "VALUES (%s, %s, %s, %s)",
+                    "INSERT INTO effects_effect (consumer, message_id, attempt, pid, rerun) "
+                    "VALUES (%s, %s, %s, %s, false)",
                     ["elsewhere", message.message_id, message.attempts, os.getpid()],
                 )
         finally:

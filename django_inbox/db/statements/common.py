@@ -16,7 +16,7 @@ Status = InboxMessage.Status
 COLUMNS = (
     "consumer", "message_id", "source", "event_type", "key", "sequence", "payload", "headers",
     "status", "attempts", "last_error", "history", "received_at", "updated_at", "next_attempt_at",
-    "locked_until", "lease_id", "processed_at",
+    "locked_until", "lease_id", "processed_at", "rerun",
 )  # fmt: skip
 JSON_COLUMNS = {"payload", "headers", "history"}
 #: SQL text built once per database and shape.
@@ -43,6 +43,7 @@ class NewRow:
     locked_until: datetime | None = None
     lease_id: str = ""
     processed_at: datetime | None = None
+    rerun: bool = False
 
 
 def cached_sql(using: str, name: object, build: Callable[[Any, str], str]) -> str:

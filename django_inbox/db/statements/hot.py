@@ -33,6 +33,8 @@ def _literal(column: str, value: Any, vendor: str) -> str | None:
         return status_literal(value)
     if column == "attempts":
         return str(int(value))
+    if column == "rerun":
+        return "TRUE" if value else "FALSE"
     if value in ("", "[]", "{}") and column not in ("consumer", "message_id", "event_type"):
         cast = "::jsonb" if vendor == "postgresql" and column in JSON_COLUMNS else ""
         return f"'{value}'{cast}"
@@ -164,6 +166,7 @@ def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tupl
         "next_attempt_at": "NULL",
         "locked_until": "NULL",
         "lease_id": "''",
+        "rerun": "FALSE",
     }
     shape = ", ".join(
         constant.get(column) or (json_param if column in JSON_COLUMNS else "%s")

@@ -1,16 +1,29 @@
 from __future__ import annotations
 
 import sys
+import time
 from argparse import ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.utils import timezone
 
+from ...conf import inbox_settings
 from ...models import InboxMessage
-from ...services import REPLAYABLE, command_actor, count_by_status, replay, select
+from ...services import (
+    REPLAYABLE,
+    command_actor,
+    count_by_status,
+    replay,
+    rerun_failed,
+    rerun_left,
+    select,
+)
 from ..base import MISCONFIGURED, InboxCommand, moment
 
 SELECTABLE = (*REPLAYABLE, InboxMessage.Status.COMPLETED)
+#: Seconds between two progress lines of --wait.
+REPORT_EVERY = 2.0
 
 
 def replayable_status(value: str) -> str:
@@ -45,6 +58,13 @@ class Command(InboxCommand):
         )
         parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")
         parser.add_argument(
+            "--key",
+            action="append",
+            dest="keys",
+            default=[],
+            help="Ordering key; repeatable (with --force, a key's rebuild).",
+        )
+        parser.add_argument(
             "--event-type",
             action="append",
             dest="event_types",
@@ -76,8 +96,19 @@ class Command(InboxCommand):
             "--force",
             action="store_true",
             help=(
-                "Also replay completed rows: their handlers run, and their effects apply, "
-                "again. Needs --reason."
+                "Also re-run completed rows: their handlers run again, as re-runs "
+                "(message.is_rerun); @side_effect calls run or are suppressed as each "
+                "consumer's side_effects_on_rerun says. An ordered consumer's keys re-run in "
+                "sequence order from their first selected version. Needs --reason."
+            ),
+        )
+        parser.add_argument(
+            "--wait",
+            action="store_true",
+            help=(
+                "After a re-run (--force), follow the workers until every re-run row of the "
+                "selected consumers has run, printing progress; exit 1 if some end dead or "
+                "parked."
             ),
         )
         parser.add_argument("--reason", default="", help="Why; recorded in each row's history.")
@@ -97,16 +128,19 @@ class Command(InboxCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.started_at = timezone.now()
         if options["force"] and not options["reason"].strip():
             raise CommandError(
                 "--force re-runs completed messages; say why with --reason.",
                 returncode=MISCONFIGURED,
             )
-        criteria = ("pks", "message_ids", "consumer", "event_types", "statuses", "since", "until")
+        criteria = (
+            "pks", "message_ids", "consumer", "event_types", "statuses", "since", "until", "keys",
+        )  # fmt: skip
         if not options["all"] and not any(options[name] for name in criteria):
             raise CommandError(
-                "say what to replay: --status, --consumer, --event-type, --id, --message-id, "
-                "--since/--until, or --all for every dead and parked row.",
+                "say what to replay: --status, --consumer, --event-type, --key, --id, "
+                "--message-id, --since/--until, or --all for every dead and parked row.",
                 returncode=MISCONFIGURED,
             )
         rows = select(
@@ -117,11 +151,17 @@ class Command(InboxCommand):
             statuses=options["statuses"] or list(REPLAYABLE),
             since=options["since"],
             until=options["until"],
+            keys=options["keys"] or None,
         )
         verbosity = options["verbosity"]
         if not options["dry_run"] and not self._confirmed(rows, options, verbosity):
             self.stdout.write("inbox_replay: cancelled; nothing replayed")
             return
+        consumers = (
+            sorted(set(rows.order_by().values_list("consumer", flat=True).distinct()))
+            if options["force"]
+            else []
+        )
         result = replay(
             rows,
             actor=command_actor("inbox_replay"),
@@ -141,9 +181,54 @@ class Command(InboxCommand):
             self.stdout.write(
                 f"inbox_replay: {verb} {result.total:,} row(s)" + (f" ({counts})" if counts else "")
             )
+        if verbosity >= 1:
+            for said in result.notes:
+                self.stdout.write(f"  {said}")
+            if result.more_notes:
+                self.stdout.write(f"  … and {result.more_notes:,} more key(s) with notes")
+            if options["force"] and result.changed.get("completed"):
+                self._side_effects(consumers, options["dry_run"])
         if result.refused:
             refused = "; ".join(f"{n:,} {why}" for why, n in sorted(result.refused.items()))
             raise CommandError(f"refused {refused}", returncode=1)
+        if options["wait"] and options["force"] and not options["dry_run"]:
+            reruns = result.changed.get("completed", 0) + result.changed.get("skipped", 0)
+            self._follow(consumers, reruns, verbosity)
+
+    def _side_effects(self, consumers: list[str], dry_run: bool) -> None:
+        """Say, per consumer re-run, whether its @side_effect calls run or are suppressed."""
+        from ... import side_effects
+
+        known = ", ".join(sorted(side_effects.known)) or "none imported by this process"
+        for consumer in consumers:
+            if inbox_settings.policy(consumer).suppresses_side_effects:
+                what = f"suppressed (@side_effect functions: {known})"
+            else:
+                what = "run again (side_effects_on_rerun='run')"
+            verb = "would be" if dry_run else "are"
+            self.stdout.write(f"  {consumer}: side effects of re-runs {verb} {what}")
+
+    def _follow(self, consumers: list[str], total: int, verbosity: int) -> None:
+        """Wait until the re-run rows of the selected consumers have run; print progress."""
+        started = time.monotonic()
+        last_report = 0.0
+        while True:
+            left = rerun_left(consumers)
+            done = max(total - left, 0)
+            now = time.monotonic()
+            if verbosity >= 1 and (left == 0 or now - last_report >= REPORT_EVERY):
+                rate = done / max(now - started, 1e-9)
+                self.stdout.write(f"re-run {done:,} / {total:,} ({rate:,.0f}/s)")
+                last_report = now
+            if left == 0:
+                break
+            time.sleep(0.5)
+        failed = rerun_failed(consumers, since=self.started_at)
+        if failed:
+            raise CommandError(
+                f"{failed:,} re-run row(s) ended dead or parked; see inbox_stats or the admin",
+                returncode=1,
+            )
 
     def _confirmed(self, rows: Any, options: dict[str, Any], verbosity: int) -> bool:
         """Say how many rows are selected, by status; at a terminal, ask before going on."""

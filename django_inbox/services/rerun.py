@@ -1,0 +1,262 @@
+"""Forced re-runs of an ordered consumer's completed versions: each key rebuilt in order.
+
+A key's completed versions cannot simply go back to ``received``: the key has applied them,
+so a worker would skip them as stale, and running them in any order would break the order the
+consumer promises. A re-run from version ``F`` of a key instead, in one transaction holding
+the key's lock:
+
+- rewinds the key's applied sequence to ``F - 1`` (never forward: a re-run already under
+  way keeps its place);
+- sends version ``F`` back to ``received`` and every later completed version of the key to
+  ``waiting``, all marked as re-runs (:attr:`InboxMessage.rerun`), so they run one at a time
+  in sequence order, each released by its predecessor's commit, as the first time;
+- sends the versions an operator skipped back to ``waiting`` with a skip request, so they are
+  skipped again when the key reaches them.
+
+Later versions are re-run even when the selection did not name them: the key's state is the
+result of all of them, in order. Messages of the key that arrive meanwhile wait for the
+re-run to catch up. A sequence the key never ran (an operator replayed past a gap) stops the
+re-run there, as it stopped the first run: past ``gap_timeout`` the next version is parked,
+and replaying it goes on past the gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import Count, Min, Q, QuerySet
+from django.utils import timezone
+
+from .. import history, ordering
+from ..conf import inbox_settings
+from ..db import statements
+from ..models import InboxKey, InboxMessage
+
+Status = InboxMessage.Status
+
+#: Notes kept per re-run (one per key that needs one); the rest are counted.
+MAX_NOTES = 20
+
+
+def split(rows: QuerySet[InboxMessage]) -> tuple[QuerySet[InboxMessage], QuerySet[InboxMessage]]:
+    """``rows`` without, and only, the completed versions of ordered consumers."""
+    versions = rows.filter(status=Status.COMPLETED, sequence__isnull=False).exclude(key="")
+    consumers = [
+        consumer
+        for consumer in versions.order_by().values_list("consumer", flat=True).distinct()
+        if inbox_settings.ordered(consumer)
+    ]
+    if not consumers:
+        return rows, rows.none()
+    ordered = Q(status=Status.COMPLETED, sequence__isnull=False, consumer__in=consumers) & ~Q(
+        key=""
+    )
+    return rows.exclude(ordered), rows.filter(ordered)
+
+
+@dataclass
+class KeyPlan:
+    """What re-running one key from ``first`` changes."""
+
+    consumer: str
+    key: str
+    first: int
+    #: The key's applied sequence now, and after the rewind.
+    applied: int
+    target: int
+    #: Completed versions to run again, and skipped ones to skip again, by sequence.
+    runs: list[InboxMessage] = field(default_factory=list)
+    skips: list[InboxMessage] = field(default_factory=list)
+    #: Sequences between ``first`` and ``applied`` with no version to run or skip.
+    holes: list[int] = field(default_factory=list)
+    selected: int = 0
+
+
+def starts(versions: QuerySet[InboxMessage]) -> list[dict[str, Any]]:
+    """Per ``(consumer, key)`` of ``versions``: its lowest sequence and how many are selected."""
+    found = (
+        versions.order_by()
+        .values("consumer", "key")
+        .annotate(first=Min("sequence"), selected=Count("pk"))
+        .order_by("consumer", "key")
+    )
+    return [dict(start) for start in found]
+
+
+def plan(consumer: str, key: str, first: int, using: str, *, lock: bool) -> KeyPlan:
+    """What a re-run of ``key`` from ``first`` would change; with ``lock``, under the key's
+    lock and the rows' (the caller's transaction)."""
+    if lock:
+        applied = ordering.lock(consumer, key, using, wait=True)
+        assert applied is not None  # waiting for the lock always gets it
+    else:
+        found = (
+            InboxKey.objects.using(using)
+            .filter(consumer=consumer, key=key)
+            .values_list("applied_sequence", flat=True)
+            .first()
+        )
+        applied = found if found is not None else first - 1
+    target = min(applied, first - 1)
+    rows = (
+        InboxMessage.objects.using(using)
+        .filter(
+            consumer=consumer,
+            key=key,
+            sequence__gte=first,
+            sequence__lte=applied,
+            status__in=(Status.COMPLETED, Status.SKIPPED),
+        )
+        .order_by("sequence", "pk")
+    )
+    if lock:
+        rows = rows.select_for_update()
+    by_sequence: dict[int, InboxMessage] = {}
+    for row in rows:
+        assert row.sequence is not None
+        held = by_sequence.get(row.sequence)
+        # One version per sequence: the completed one, else one an operator skipped.
+        completed = row.status == Status.COMPLETED
+        better = held is None or (completed and held.status != Status.COMPLETED)
+        if better and (completed or _skipped_by_operator(row)):
+            by_sequence[row.sequence] = row
+    result = KeyPlan(consumer, key, first, applied, target)
+    for sequence in range(first, applied + 1):
+        version = by_sequence.get(sequence)
+        if version is None:
+            result.holes.append(sequence)
+        elif version.status == Status.COMPLETED:
+            result.runs.append(version)
+        else:
+            result.skips.append(version)
+    return result
+
+
+def _skipped_by_operator(row: InboxMessage) -> bool:
+    """A version an operator skipped (it counted as applied), not a stale duplicate."""
+    return any(entry.get("kind") == "skip" for entry in row.history or [])
+
+
+def rerun_key(consumer: str, key: str, first: int, entry: dict[str, Any], using: str) -> KeyPlan:
+    """Re-run ``key`` from ``first`` (its own transaction): see the module's description.
+    ``entry`` is the operator's ``replay`` history entry."""
+    with transaction.atomic(using=using):
+        key_plan = plan(consumer, key, first, using, lock=True)
+        if not key_plan.runs:
+            return key_plan
+        now = timezone.now()
+        deadline = ordering.gap_deadline(consumer, now)
+        InboxKey.objects.using(using).filter(consumer=consumer, key=key).update(
+            applied_sequence=key_plan.target, updated_at=now
+        )
+        cleared = {"attempts": 0, "locked_until": None, "lease_id": "", "processed_at": None}
+        due: list[InboxMessage] = []
+        waiting: list[InboxMessage] = []
+        for row in key_plan.runs:
+            assert row.sequence is not None
+            (due if row.sequence == key_plan.target + 1 else waiting).append(row)
+        changes = {**cleared, "status": Status.RECEIVED, "next_attempt_at": now}
+        _change(due, {**changes, "last_error": ""}, entry, now, using)
+        for row in waiting:  # one reason per row: what it waits for
+            assert row.sequence is not None
+            reason = f"re-run: waits for sequence {row.sequence - 1} of key {key!r} to run again"
+            changes = {**cleared, "status": Status.WAITING, "next_attempt_at": deadline}
+            _change([row], {**changes, "last_error": reason}, entry, now, using)
+        skip_entry = {
+            **entry,
+            "kind": "skip",
+            "reason": "skipped again by a re-run: an operator skipped it when it first ran",
+        }
+        for row in key_plan.skips:
+            assert row.sequence is not None
+            said = ordering.skipped_reason(skip_entry)
+            changes = {
+                "status": Status.WAITING,
+                "next_attempt_at": deadline,
+                "processed_at": None,
+                "last_error": f"{said}; skipped when key {key!r} reaches sequence {row.sequence}",
+            }
+            _change([row], changes, skip_entry, now, using)
+    return key_plan
+
+
+def _change(
+    rows: list[InboxMessage],
+    changes: dict[str, Any],
+    entry: dict[str, Any],
+    now: datetime,
+    using: str,
+) -> None:
+    """Change ``rows`` (locked, still in the status they were read in), appending ``entry``
+    to each one's history and marking them as re-runs."""
+    if not rows:
+        return
+    changes = {**changes, "rerun": True, "updated_at": now}
+    if connections[using].vendor == "postgresql":
+        statements.update_appending_history(
+            [row.pk for row in rows], sorted({row.status for row in rows}), changes, entry, using
+        )
+        return
+    for row in rows:
+        InboxMessage.objects.using(using).filter(pk=row.pk, status=row.status).update(
+            **changes,
+            history=history.append(
+                row.history, {**entry, "from": row.status, "attempts": row.attempts}
+            ),
+        )
+
+
+def note(key_plan: KeyPlan) -> str | None:
+    """What an operator should know about one key's re-run, if anything."""
+    later = len(key_plan.runs) - key_plan.selected
+    parts = []
+    if later > 0:
+        parts.append(f"{later:,} later completed version(s) re-run too, to keep the key's order")
+    if key_plan.skips:
+        parts.append(f"{len(key_plan.skips):,} skipped version(s) skipped again")
+    if key_plan.target < key_plan.first - 1:
+        parts.append(f"joins a re-run under way (from sequence {key_plan.target + 1})")
+    if key_plan.holes:
+        shown = ", ".join(str(sequence) for sequence in key_plan.holes[:5])
+        more = "…" if len(key_plan.holes) > 5 else ""
+        parts.append(
+            f"sequence(s) {shown}{more} never ran (replayed past a gap): the re-run stops there "
+            "until the next version, parked after gap_timeout, is replayed"
+        )
+    if not parts:
+        return None
+    return f"{key_plan.consumer} key {key_plan.key!r} from sequence {key_plan.first}: " + "; ".join(
+        parts
+    )
+
+
+#: Statuses of a re-run row that has still to run.
+LEFT = (Status.RECEIVED, Status.IN_PROGRESS, Status.FAILED, Status.WAITING)
+
+
+def rerun_left(consumers: list[str]) -> int:
+    """How many re-run rows of ``consumers`` have still to run (progress of a rebuild)."""
+    using = inbox_settings.database
+    return (
+        InboxMessage.objects.using(using)
+        .filter(consumer__in=consumers, rerun=True, status__in=LEFT)
+        .count()
+    )
+
+
+def rerun_failed(consumers: list[str], *, since: datetime) -> int:
+    """How many re-run rows of ``consumers`` went dead or parked since ``since``."""
+    using = inbox_settings.database
+    return (
+        InboxMessage.objects.using(using)
+        .filter(
+            consumer__in=consumers,
+            rerun=True,
+            status__in=(Status.DEAD, Status.PARKED),
+            updated_at__gte=since,
+        )
+        .count()
+    )

@@ -1,0 +1,149 @@
+"""``@side_effect``: functions that act outside the database, and what a re-run does with them.
+
+A handler's database writes commit with its message's ``completed`` status, so running it
+again (an operator's forced re-run, a rebuild) rewrites the same state. A call outside the
+database (an e-mail, a payment API, a publication) happened when the message first completed,
+and running it again repeats it. Decorating such a function with :func:`side_effect` lets a
+consumer's policy decide: with ``"side_effects_on_rerun": "suppress"``, while a completed
+message re-runs, a call does not run and returns ``None``, and leaves a trace:
+
+- an entry ``{"kind": "suppressed", "function": …, "attempt": …}`` in the row's history,
+  written with the attempt's outcome (the completion, or the failure that is recorded);
+- a log line on the ``django_inbox`` logger at once (never the call's arguments, nor the
+  payload);
+- the ``side_effect_suppressed`` signal and the Prometheus counter
+  ``inbox_side_effects_suppressed_total{consumer,function}`` when the attempt commits.
+
+Outside re-runs, outside handlers, and for consumers with ``"run"`` (the default), a decorated
+function runs as if undecorated. The re-run is found through a :mod:`contextvars` variable,
+so it reaches functions the handler calls, however deep, and coroutines it awaits; work handed
+to other threads (a thread pool) does not carry it unless the context is copied.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from django.utils import timezone
+
+from . import events, history, signals
+from .conf import inbox_settings
+
+if TYPE_CHECKING:
+    from .models import InboxMessage
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The attribute a decorated function carries: the name its suppressions are recorded under.
+NAME_ATTRIBUTE = "inbox_side_effect"
+#: Names of the functions decorated in this process so far (what a dry run can name).
+known: set[str] = set()
+
+
+@dataclass
+class Suppressing:
+    """A re-run in progress whose consumer suppresses side effects: what it suppressed."""
+
+    message: InboxMessage
+    using: str
+    functions: list[str] = field(default_factory=list)
+
+
+_rerun: ContextVar[Suppressing | None] = ContextVar("django_inbox_rerun", default=None)
+
+
+@overload
+def side_effect(func: F, /) -> F: ...
+@overload
+def side_effect(*, name: str | None = None) -> Callable[[F], F]: ...
+
+
+def side_effect(func: Any = None, /, *, name: str | None = None) -> Any:
+    """Mark ``func`` as acting outside the database (send mail, call an API, publish).
+
+    Use it bare (``@side_effect``) or with the name its suppressions are recorded under
+    (``@side_effect(name="mail.receipt")``; by default ``module.qualname``). Works for plain
+    functions and ``async def`` ones (the coroutine returns ``None`` when suppressed).
+    """
+
+    def decorate(target: F) -> F:
+        label = name or f"{target.__module__}.{target.__qualname__}"
+        wrapper: Any
+        if inspect.iscoroutinefunction(target):
+
+            @functools.wraps(target)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                if suppressed(label):
+                    return None
+                return await target(*args, **kwargs)
+
+            wrapper = async_wrapper
+        else:
+
+            @functools.wraps(target)
+            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+                if suppressed(label):
+                    return None
+                return target(*args, **kwargs)
+
+            wrapper = sync_wrapper
+        setattr(wrapper, NAME_ATTRIBUTE, label)
+        known.add(label)
+        return wrapper  # type: ignore[no-any-return]
+
+    return decorate(func) if func is not None else decorate
+
+
+def suppressed(function: str) -> bool:
+    """Whether a call of the side effect ``function`` is to be skipped now; if so, say so."""
+    state = _rerun.get()
+    if state is None:
+        return False
+    state.functions.append(function)
+    message = state.message
+    # Logged now; the signal is sent when the handler returns (this may be a coroutine on an
+    # event loop, where Django refuses database work, and the signal waits for the commit).
+    events.event(
+        "suppressed",
+        **events.about(message, state.using),
+        detail=f"side effect {function} not run: re-run of a completed message",
+        send_signal=False,
+    )
+    return True
+
+
+def suppresses(message: InboxMessage) -> bool:
+    """Whether ``message``'s handler runs as a re-run whose side effects are suppressed."""
+    return bool(message.rerun) and inbox_settings.policy(message.consumer).suppresses_side_effects
+
+
+@contextmanager
+def suppressing(message: InboxMessage, using: str) -> Iterator[Suppressing]:
+    """Run the code inside as ``message``'s re-run with side effects suppressed; on the way
+    out, whatever happened, add one history entry per suppressed call to ``message.history``
+    (in memory: the attempt's outcome writes it)."""
+    state = Suppressing(message, using)
+    token = _rerun.set(state)
+    try:
+        yield state
+    finally:
+        _rerun.reset(token)
+        now = timezone.now()
+        listened = signals.listened(signals.side_effect_suppressed)
+        for function in state.functions:
+            message.history = history.append(
+                message.history, history.suppressed_entry(function, message.attempts, at=now)
+            )
+            if listened:  # sent if the attempt commits
+                about = events.about(message, using)
+                arguments = {**about, "duration": None, "message": message}
+                del arguments["using"]
+                signals.send(
+                    signals.side_effect_suppressed, arguments, {"function": function}, using
+                )

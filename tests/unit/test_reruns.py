@@ -1,0 +1,302 @@
+"""Re-runs of completed messages: ``message.is_rerun``, ``@side_effect`` and the consumer's
+``side_effects_on_rerun`` policy, and ordered consumers' keys re-run in sequence order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+from effects import inbox_handlers
+from effects.models import Effect, Projection
+
+from django_inbox import Outcome, deliver, side_effect, signals, store
+from django_inbox.checks import check_settings
+from django_inbox.models import InboxKey, InboxMessage
+from django_inbox.services import operator, select
+from django_inbox.worker import Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+Status = InboxMessage.Status
+ACTOR = {"actor": "alice (test)", "reason": "the receipts template was wrong"}
+
+
+@pytest.fixture(autouse=True)
+def _sent() -> Any:
+    inbox_handlers.SENT.clear()
+    yield
+    inbox_handlers.SENT.clear()
+
+
+def notify(consumer: str, message_id: str, **payload: Any) -> Outcome:
+    return deliver(
+        consumer=consumer, message_id=message_id, event_type="effect.notify", payload=payload
+    )
+
+
+def rerun(consumer: str, *message_ids: str, **options: Any) -> operator.ActionResult:
+    rows = select(consumer=consumer, message_ids=list(message_ids), statuses=["completed"])
+    return operator.replay(rows, force=True, **{**ACTOR, **options})
+
+
+def drain(*consumers: str) -> None:
+    Worker(list(consumers), until_idle=0, poll_interval=0.01).run()
+
+
+def effects(consumer: str, message_id: str) -> list[tuple[int, bool]]:
+    found = Effect.objects.filter(consumer=consumer, message_id=message_id).order_by("id")
+    return list(found.values_list("attempt", "rerun"))
+
+
+def test_a_first_run_makes_its_side_effects_and_is_not_a_rerun() -> None:
+    assert notify("notify", "m1") == Outcome.PROCESSED
+    assert effects("notify", "m1") == [(1, False)]
+    assert inbox_handlers.SENT == ["m1", "async:m1"]
+    assert InboxMessage.objects.get(message_id="m1").is_rerun is False
+
+
+def test_a_forced_rerun_of_a_suppressing_consumer_skips_side_effects_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    heard: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        heard.append(kwargs)
+
+    signals.side_effect_suppressed.connect(receiver)
+    try:
+        notify("notify", "m1", secret="do-not-log-me")
+        inbox_handlers.SENT.clear()
+        result = rerun("notify", "m1")
+        assert result.changed == {"completed": 1}
+        row = InboxMessage.objects.get(message_id="m1")
+        assert (row.status, row.is_rerun) == (Status.RECEIVED, True)
+        with caplog.at_level(logging.INFO, logger="django_inbox"):
+            drain("notify")
+    finally:
+        signals.side_effect_suppressed.disconnect(receiver)
+    # The handler ran again (its database write is there, marked as a re-run) ...
+    assert effects("notify", "m1") == [(1, False), (1, True)]
+    # ... and neither side effect ran: not the plain one, not the async one, both called from
+    # a function the handler calls.
+    assert inbox_handlers.SENT == []
+    row = InboxMessage.objects.get(message_id="m1")
+    assert row.status == Status.COMPLETED
+    suppressed = [entry for entry in row.history if entry["kind"] == "suppressed"]
+    assert [entry["function"] for entry in suppressed] == [
+        "effects.inbox_handlers.send_receipt",
+        "effects.notify_async",
+    ]
+    assert all(entry["attempt"] == 1 for entry in suppressed)
+    lines = [r.getMessage() for r in caplog.records if "side effect" in r.getMessage()]
+    assert len(lines) == 2 and "effects.inbox_handlers.send_receipt" in lines[0]
+    assert not any("do-not-log-me" in r.getMessage() for r in caplog.records)
+    assert [h["extra"]["function"] for h in heard] == [
+        "effects.inbox_handlers.send_receipt",
+        "effects.notify_async",
+    ]
+    assert {h["consumer"] for h in heard} == {"notify"} and heard[0]["message_id"] == "m1"
+
+
+def test_a_forced_rerun_of_a_consumer_that_runs_side_effects_runs_them() -> None:
+    notify("effects", "m1")
+    inbox_handlers.SENT.clear()
+    rerun("effects", "m1")
+    drain("effects")
+    assert effects("effects", "m1") == [(1, False), (1, True)]
+    assert inbox_handlers.SENT == ["m1", "async:m1"]
+    row = InboxMessage.objects.get(message_id="m1")
+    assert not [entry for entry in row.history if entry["kind"] == "suppressed"]
+
+
+def test_a_dead_letter_replay_is_not_a_rerun_and_makes_its_side_effects() -> None:
+    assert notify("notify", "m1", reject="bad input") == Outcome.DEAD
+    assert inbox_handlers.SENT == ["m1", "async:m1"]  # made, then the handler rejected it
+    inbox_handlers.SENT.clear()
+    row = InboxMessage.objects.get(message_id="m1")
+    row.payload = {}
+    row.save(update_fields=["payload"])
+    result = operator.replay(select(message_ids=["m1"]), **ACTOR)
+    assert result.changed == {"dead": 1}
+    assert InboxMessage.objects.get(message_id="m1").is_rerun is False
+    drain("notify")
+    assert InboxMessage.objects.get(message_id="m1").status == Status.COMPLETED
+    assert effects("notify", "m1") == [(1, False)]
+    assert inbox_handlers.SENT == ["m1", "async:m1"]
+
+
+def test_a_failing_rerun_records_what_it_suppressed_with_the_failure() -> None:
+    notify("notify", "m1")
+    row = InboxMessage.objects.get(message_id="m1")
+    row.payload = {"fail_times": 1}  # the re-run's first attempt fails
+    row.save(update_fields=["payload"])
+    rerun("notify", "m1")
+    Worker(["notify"], until_idle=1, poll_interval=0.01).run()  # past the retry's backoff
+    row = InboxMessage.objects.get(message_id="m1")
+    assert row.status == Status.COMPLETED and row.attempts == 2
+    kinds = [(entry["kind"], entry.get("attempt")) for entry in row.history]
+    assert kinds[-5:] == [
+        ("suppressed", 1), ("suppressed", 1), ("error", 1), ("suppressed", 2), ("suppressed", 2),
+    ]  # fmt: skip
+    assert inbox_handlers.SENT == ["m1", "async:m1"]  # the first run's, none since
+
+
+def test_side_effects_outside_handlers_and_outside_reruns_just_run() -> None:
+    assert inbox_handlers.send_receipt("x") == "sent"
+    assert asyncio.run(inbox_handlers.notify_async("y")) == "notified"
+    assert inbox_handlers.SENT == ["x", "async:y"]
+
+    @side_effect
+    def plain(value: int) -> int:
+        return value * 2
+
+    assert plain(4) == 8 and plain.__name__ == "plain"
+    assert plain.inbox_side_effect.endswith("plain")  # type: ignore[attr-defined]
+
+
+def test_the_policy_is_checked_at_start_up() -> None:
+    with override_settings(INBOX_CONSUMERS={"notify": {"side_effects_on_rerun": "supress"}}):
+        errors = [e for e in check_settings() if e.id == "django_inbox.E017"]
+    assert len(errors) == 1 and "'supress'" in errors[0].msg
+    with override_settings(INBOX_SIDE_EFFECTS_ON_RERUN="never"):
+        assert [e.id for e in check_settings()].count("django_inbox.E017") == 1
+    with override_settings(INBOX_SIDE_EFFECTS_ON_RERUN="suppress"):
+        assert "django_inbox.E017" not in [e.id for e in check_settings()]
+
+
+def test_the_counter_counts_suppressed_calls_by_consumer_and_function() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from django_inbox.contrib import prometheus
+
+    registry = prometheus_client.CollectorRegistry()
+    prometheus.install(registry, gauges=False)
+    notify("notify", "m1")
+    rerun("notify", "m1")
+    drain("notify")
+    value = registry.get_sample_value(
+        "inbox_side_effects_suppressed_total",
+        {"consumer": "notify", "function": "effects.inbox_handlers.send_receipt"},
+    )
+    assert value == 1
+
+
+def test_the_command_says_whether_side_effects_run_and_needs_a_reason(capsys: Any) -> None:
+    notify("notify", "n1")
+    notify("effects", "e1")
+    with pytest.raises(CommandError, match="--reason"):
+        call_command("inbox_replay", "--status", "completed", "--force", "--no-input")
+    call_command(
+        "inbox_replay", "--status", "completed", "--force", "--reason", "fix", "--dry-run",
+        "--no-input",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert "notify: side effects of re-runs would be suppressed" in out
+    assert "effects.inbox_handlers.send_receipt" in out
+    assert "effects: side effects of re-runs would be run again" in out
+    assert InboxMessage.objects.filter(status=Status.COMPLETED).count() == 2  # a dry run
+
+
+# --- ordered consumers: a key re-runs in sequence order ---------------------------------
+
+
+def version(key: str, sequence: int, n: int) -> bool:
+    return store(
+        consumer="projection", message_id=f"{key}-{sequence}", event_type="projection.apply",
+        payload={"n": n}, key=key, sequence=sequence,
+    )  # fmt: skip
+
+
+def projection(key: str) -> tuple[int, int, int]:
+    found = Projection.objects.get(key=key)
+    return found.value, found.version, found.reruns
+
+
+def test_an_ordered_key_reruns_from_its_first_selected_version_in_order() -> None:
+    for sequence in range(1, 7):
+        version("A", sequence, sequence * 7)
+        version("B", sequence, sequence * 3)
+    drain("projection")
+    first_a, first_b = projection("A"), projection("B")
+    assert first_a[1] == 6 and first_b[1] == 6
+    inbox_handlers.SENT.clear()
+
+    # Select versions 1 and 3 of A only: the key re-runs from 1, and 2 … 6 with it.
+    result = operator.replay(
+        select(consumer="projection", message_ids=["A-1", "A-3"], statuses=["completed"]),
+        force=True, **ACTOR,
+    )  # fmt: skip
+    assert result.changed == {"completed": 6}
+    assert any("4 later completed version(s) re-run too" in said for said in result.notes)
+    assert InboxKey.objects.get(consumer="projection", key="A").applied_sequence == 0
+    statuses = dict(
+        InboxMessage.objects.filter(key="A").values_list("sequence", "status").order_by("sequence")
+    )
+    assert statuses == {1: "received", **{n: "waiting" for n in range(2, 7)}}
+    # A new version arriving meanwhile waits for the re-run to catch up.
+    version("A", 7, 49)
+    drain("projection")
+    value, last, reruns = projection("A")
+    assert (last, reruns) == (7, 6)
+    assert projection("B") == first_b  # other keys untouched
+    # The same value as a fresh fold of 1 … 7 in order.
+    expected = 0
+    for sequence in range(1, 8):
+        expected = (expected * 31 + sequence * 7) % inbox_handlers.MODULUS
+    assert value == expected
+    # Side effects: suppressed for the six re-runs, made for the new version.
+    assert inbox_handlers.SENT == ["A-7"]
+    assert all(row.is_rerun for row in InboxMessage.objects.filter(key="A", sequence__lte=6))
+
+
+def test_an_operator_skip_is_skipped_again_and_a_dry_run_changes_nothing(capsys: Any) -> None:
+    version("A", 1, 1)
+    version("A", 2, 2)
+    version("A", 3, 3)
+    row = InboxMessage.objects.get(message_id="A-2")
+    row.payload = {"n": 2, "reject": "a broken version"}
+    row.save(update_fields=["payload"])
+    drain("projection")
+    assert InboxMessage.objects.get(message_id="A-2").status == Status.DEAD
+    operator.skip(select(message_ids=["A-2"]), **ACTOR)
+    drain("projection")
+    assert projection("A")[1] == 3
+
+    call_command(
+        "inbox_replay", "--consumer", "projection", "--key", "A", "--status", "completed",
+        "--force", "--reason", "rebuild", "--dry-run", "--no-input",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert "would replay 3 row(s) (completed 2, skipped 1)" in out
+    assert "1 skipped version(s) skipped again" in out
+    assert InboxMessage.objects.filter(key="A", status=Status.COMPLETED).count() == 2
+
+    Projection.objects.all().delete()
+    call_command(
+        "inbox_replay", "--consumer", "projection", "--key", "A", "--status", "completed",
+        "--force", "--reason", "rebuild", "--no-input",
+    )  # fmt: skip
+    drain("projection")
+    statuses = dict(InboxMessage.objects.filter(key="A").values_list("sequence", "status"))
+    assert statuses == {1: "completed", 2: "skipped", 3: "completed"}
+    assert projection("A")[1] == 3  # 1, then 3 after the skipped 2
+    assert InboxKey.objects.get(consumer="projection", key="A").applied_sequence == 3
+
+
+def test_ordered_reruns_follow_allow_replay_completed() -> None:
+    version("A", 1, 1)
+    drain("projection")
+    consumers = {"projection": {"ordered": True, "allow_replay_completed": False}}
+    with override_settings(INBOX_CONSUMERS=consumers):
+        result = operator.replay(
+            select(consumer="projection", statuses=["completed"]), force=True, **ACTOR
+        )
+    assert result.total == 0
+    assert result.refused == {
+        "completed, and consumer 'projection' sets allow_replay_completed=False": 1
+    }
+    result = operator.replay(select(consumer="projection", statuses=["completed"]), **ACTOR)
+    assert result.total == 0 and sum(result.refused.values()) == 1
