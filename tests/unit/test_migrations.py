@@ -42,3 +42,21 @@ def test_primary_key_is_declared_explicitly() -> None:
     pk = InboxMessage._meta.pk
     assert isinstance(pk, models.BigAutoField)
     assert pk.auto_created is False
+
+
+@pytest.mark.postgres
+def test_the_rerun_column_keeps_a_default_for_the_previous_releases_inserts() -> None:
+    """0007 adds ``rerun`` while old workers may still insert rows without naming it."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL keeps the column's default")
+    table = InboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'INSERT INTO "{table}" (consumer, message_id, source, event_type, key, payload, '
+            "headers, status, attempts, last_error, history, received_at, updated_at, lease_id) "
+            "VALUES ('old', 'm1', '', 't', '', '{}', '{}', 'received', 0, '', '[]', now(), now(), "
+            "'') RETURNING rerun"
+        )
+        assert cursor.fetchone() == (False,)

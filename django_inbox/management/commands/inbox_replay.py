@@ -212,13 +212,17 @@ class Command(InboxCommand):
         """Wait until the re-run rows of the selected consumers have run; print progress."""
         started = time.monotonic()
         last_report = 0.0
+        first_done: int | None = None
         while True:
             left = rerun_left(consumers)
             done = max(total - left, 0)
             now = time.monotonic()
+            if first_done is None:  # what workers ran while the re-run was being set up
+                first_done = done
             if verbosity >= 1 and (left == 0 or now - last_report >= REPORT_EVERY):
-                rate = done / max(now - started, 1e-9)
-                self.stdout.write(f"re-run {done:,} / {total:,} ({rate:,.0f}/s)")
+                elapsed = now - started
+                rate = f"{(done - first_done) / elapsed:,.0f}/s" if elapsed >= 1 else "starting"
+                self.stdout.write(f"re-run {done:,} / {total:,} ({rate})")
                 last_report = now
             if left == 0:
                 break
