@@ -135,6 +135,7 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
     handlers = [registry.get(m.consumer, m.event_type) for m in messages]
     started = time.perf_counter()
     pks = [m.pk for m in messages]
+    histories = [m.history for m in messages]  # a re-run adds its suppressed calls to these
     try:
         with committing(using, lambda: pks):
             for message, handler in zip(messages, handlers, strict=True):
@@ -146,6 +147,8 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
     except Exception as exc:
         if connection_lost(exc, using):
             raise  # nothing committed; the caller gives the rows back later
+        for message, kept in zip(messages, histories, strict=True):
+            message.history = kept  # the batch's attempt rolled back, its trace with it
         return [process_claimed(message, using=using) for message in messages]
     share = (time.perf_counter() - started) / len(messages)
     for message in messages:

@@ -300,3 +300,25 @@ def test_ordered_reruns_follow_allow_replay_completed() -> None:
     }
     result = operator.replay(select(consumer="projection", statuses=["completed"]), **ACTOR)
     assert result.total == 0 and sum(result.refused.values()) == 1
+
+
+def test_reruns_in_a_shared_transaction_record_each_suppression_once() -> None:
+    for n in range(3):
+        notify("notify", f"m{n}")
+    row = InboxMessage.objects.get(message_id="m1")
+    row.payload = {"fail_times": 1}  # fails in the batch, so the batch runs one by one
+    row.save(update_fields=["payload"])
+    inbox_handlers.SENT.clear()
+    rerun("notify", "m0", "m1", "m2")
+    Worker(["notify"], until_idle=1, poll_interval=0.01, commit_every=10).run()
+    for n in range(3):
+        row = InboxMessage.objects.get(message_id=f"m{n}")
+        assert row.status == Status.COMPLETED, n
+        suppressed = [
+            (e["attempt"], e["function"]) for e in row.history if e["kind"] == "suppressed"
+        ]
+        attempts = [1, 2] if n == 1 else [1]
+        expected = [(a, f) for a in attempts for f in
+                    ("effects.inbox_handlers.send_receipt", "effects.notify_async")]  # fmt: skip
+        assert suppressed == expected, (n, row.history)
+    assert inbox_handlers.SENT == []
