@@ -44,6 +44,13 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_GAP_TIMEOUT": 600.0,
     "INBOX_FIRST_SEQUENCE": 1,
     "INBOX_SIDE_EFFECTS_ON_RERUN": "run",
+    # The outbox companion (django_inbox.outbox).
+    "INBOX_OUTBOX_MAX_ATTEMPTS": 10,
+    "INBOX_OUTBOX_BACKOFF_BASE": 1.0,
+    "INBOX_OUTBOX_BACKOFF_MAX": 300.0,
+    "INBOX_OUTBOX_LEASE": 30.0,
+    "INBOX_OUTBOX_CONFIRM_TIMEOUT": 30.0,
+    "INBOX_OUTBOX_RETENTION": 7 * 86400.0,
 }
 
 #: Keys a consumer may override in ``INBOX_CONSUMERS`` and the global setting each one defaults to.

@@ -56,6 +56,16 @@ class Suppressing:
 
 
 _rerun: ContextVar[Suppressing | None] = ContextVar("django_inbox_rerun", default=None)
+#: The message whose handler runs in this context (set by ``attempts.run_handler``): what the
+#: outbox records as the cause of what the handler publishes.
+running_message: ContextVar[InboxMessage | None] = ContextVar(
+    "django_inbox_running_message", default=None
+)
+
+
+def current_message() -> InboxMessage | None:
+    """The inbox message whose handler is running here (in code it calls too), if any."""
+    return running_message.get()
 
 
 @overload

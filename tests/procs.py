@@ -1,7 +1,9 @@
 """Entry points for the real processes the crash and concurrency tests start.
 
 Run as ``python -m tests.procs deliver CONSUMER MESSAGE_ID PAYLOAD_JSON`` (prints the
-outcome), or used as ``multiprocessing`` targets (spawned, so each child sets Django up
+outcome), ``python -m tests.procs publish QUEUE COMMITS ROLLBACK_EVERY PACE`` (the outbox's
+publisher: see :func:`publish_transactions`), or used as ``multiprocessing`` targets (spawned,
+so each child sets Django up
 from the environment it inherits).
 """
 
@@ -47,10 +49,45 @@ def deliver_rounds(barrier: Any, results: Any, rounds: int, prefix: str, consume
     results.put((os.getpid(), outcomes, errors))
 
 
+def publish_transactions(queue: str, commits: int, rollback_every: int, pace: float) -> None:
+    """Commit ``commits`` business transactions that each publish one message (keys k0 … k4,
+    in turn), and roll back one more after every ``rollback_every``; print one line per
+    transaction: ``commit <message id> <key>`` or ``rollback <message id>``."""
+    import time
+
+    from django.db import transaction
+
+    from django_inbox.outbox import publish
+
+    class RolledBack(Exception):
+        pass
+
+    written = 0
+    while written < commits:
+        key = f"k{written % 5}"
+        with transaction.atomic():
+            message_id = publish("effect.write", {"n": written}, routing_key=queue, key=key)
+        print(f"commit {message_id} {key}", flush=True)
+        written += 1
+        if written % rollback_every == 0:
+            try:
+                with transaction.atomic():
+                    lost = publish("effect.write", {"rolled_back": written}, routing_key=queue)
+                    print(f"rollback {lost}", flush=True)
+                    raise RolledBack
+            except RolledBack:
+                pass
+        time.sleep(pace)
+
+
 def main(argv: list[str]) -> None:
     setup()
     from django_inbox import deliver
 
+    if argv[0] == "publish":
+        queue, commits, rollback_every, pace = argv[1:]
+        publish_transactions(queue, int(commits), int(rollback_every), float(pace))
+        return
     command, consumer, message_id, payload = argv
     assert command == "deliver"
     outcome = deliver(

@@ -24,6 +24,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_inbox",
+    "django_inbox.outbox",
     "shop",
     "effects",
 ]
@@ -120,6 +121,8 @@ INBOX_BROKER_TRANSPORT_OPTIONS = env.json(
     ),
 )
 INBOX_MAX_PAYLOAD_BYTES = env.int("INBOX_MAX_PAYLOAD_BYTES", default=1024 * 1024)
+# The outbox's relays: the chaos tests shorten the lease so killed relays' rows come back soon.
+INBOX_OUTBOX_LEASE = env.float("OUTBOX_LEASE", default=30.0)
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,195 @@
+"""Publishing a batch to an AMQP broker with publisher confirms, and learning each message's fate.
+
+Every message of a batch is published on one channel in confirm mode, ``persistent`` and
+``mandatory``, without waiting; then the broker's confirms are awaited together. A message
+is *confirmed* only when the broker acknowledged it and did not return it: RabbitMQ returns an
+unroutable ``mandatory`` message (``basic.return``) before it acknowledges it, so such a
+message is reported as failed, never as sent. A negative acknowledgement, a closed channel or
+connection, or a confirm that does not come in time leaves the messages concerned
+unconfirmed: the relay publishes them again later (the receiver deduplicates by message id).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu.connection import Connection
+
+from .rows import Claimed
+
+#: AMQP reply code of a returned (unroutable) message.
+NO_ROUTE = 312
+
+
+@dataclass
+class BatchResult:
+    """What became of a batch: row ids the broker confirmed, and errors by row id."""
+
+    confirmed: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    #: Rows whose fate is unknown (the connection broke first): publish them again.
+    unknown: list[int] = field(default_factory=list)
+
+
+class BrokerGone(Exception):
+    """The connection to the broker broke; the relay reconnects. ``result`` says what the
+    broker had confirmed of the batch before (the rest is ``unknown``)."""
+
+    def __init__(self, reason: str, result: BatchResult | None = None) -> None:
+        super().__init__(reason)
+        self.result = result or BatchResult()
+
+
+class Publisher:
+    """One connection and one confirm-mode channel to an AMQP broker (kombu's ``pyamqp``)."""
+
+    def __init__(
+        self, url: str, *, transport_options: dict[str, Any] | None = None, timeout: float = 30
+    ) -> None:
+        self.timeout = timeout
+        self.connection: Any = Connection(  # type: ignore[no-untyped-call]
+            url, transport_options=transport_options or {}, connect_timeout=min(timeout, 10)
+        )
+        if self.connection.transport.driver_type != "amqp":
+            raise ValueError(
+                f"outbox_relay needs an AMQP broker (publisher confirms); got a "
+                f"{self.connection.transport.driver_type!r} URL"
+            )
+        self.channel: Any = None
+        self._tag = 0
+        self._acked: set[int] = set()
+        self._nacked: set[int] = set()
+        self._returned: dict[str, str] = {}
+
+    def open(self) -> None:
+        """Connect (once; raises on failure) and open a confirm-mode channel."""
+        self.connection.ensure_connection(max_retries=1)
+        self._open_channel()
+
+    def _open_channel(self) -> None:
+        channel = self.connection.channel()
+        channel.confirm_select()
+        channel.events["basic_ack"].add(self._on_ack)
+        channel.events["basic_nack"].add(self._on_nack)
+        channel.events["basic_return"].add(self._on_return)
+        self.channel, self._tag = channel, 0
+        self._acked.clear()
+        self._nacked.clear()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing a broken connection: nothing to do
+            self.connection.release()
+
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        if multiple:
+            self._acked.update(range(1, delivery_tag + 1))
+        else:
+            self._acked.add(delivery_tag)
+
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        if multiple:
+            self._nacked.update(range(1, delivery_tag + 1))
+        else:
+            self._nacked.add(delivery_tag)
+
+    def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+        message_id = (getattr(message, "properties", None) or {}).get("message_id")
+        if message_id:
+            self._returned[str(message_id)] = (
+                f"unroutable: the broker returned it ({exc}); exchange {exchange!r}, "
+                f"routing key {routing_key!r}: no queue is bound to receive it"
+            )
+
+    def publish(self, rows: Iterable[Claimed]) -> BatchResult:
+        """Publish ``rows`` in order and wait for the broker's confirms."""
+        import amqp
+
+        result = BatchResult()
+        tags: dict[int, Claimed] = {}
+        self._returned.clear()
+        rows = list(rows)
+        try:
+            for row in rows:
+                message = amqp.Message(
+                    body=json.dumps(row.payload, ensure_ascii=False, separators=(",", ":")),
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    message_id=row.message_id,
+                    type=row.event_type,
+                    delivery_mode=2,
+                    application_headers=dict(row.headers),
+                )
+                self._tag += 1
+                tags[self._tag] = row
+                self.channel.basic_publish(
+                    message, exchange=row.exchange, routing_key=row.routing_key, mandatory=True
+                )
+            self._await(set(tags))
+        except amqp.exceptions.ChannelError as exc:
+            # The broker closed the channel (an exchange that does not exist, a refused
+            # message). Alone, the row is the one refused; in a batch, the rows without a
+            # confirm are published again one by one, so only the refused one fails.
+            confirmed = [
+                row.pk
+                for tag, row in tags.items()
+                if tag in self._acked and row.message_id not in self._returned
+            ]
+            unconfirmed = [row for row in rows if row.pk not in confirmed]
+            result.confirmed = confirmed
+            self._reopen()
+            if len(rows) == 1:
+                result.failed[rows[0].pk] = f"refused by the broker: {exc}"
+                return result
+            for index, row in enumerate(unconfirmed):
+                try:
+                    alone = self.publish([row])
+                except BrokerGone as gone:
+                    result.confirmed += gone.result.confirmed
+                    result.unknown += gone.result.unknown
+                    result.unknown += [later.pk for later in unconfirmed[index + 1 :]]
+                    raise BrokerGone(str(gone), result) from gone
+                result.confirmed += alone.confirmed
+                result.failed.update(alone.failed)
+            return result
+        except (TimeoutError, OSError, amqp.exceptions.ConnectionError) as exc:
+            for tag, row in tags.items():
+                if tag in self._acked and row.message_id not in self._returned:
+                    result.confirmed.append(row.pk)
+                else:
+                    result.unknown.append(row.pk)
+            result.unknown += [row.pk for row in rows[len(tags) :]]
+            raise BrokerGone(str(exc) or type(exc).__name__, result) from exc
+        finally:
+            # Delivery tags are never reused on a channel: forget this batch's.
+            self._acked.difference_update(tags)
+            self._nacked.difference_update(tags)
+        for tag, row in tags.items():
+            if row.message_id in self._returned:
+                result.failed[row.pk] = self._returned[row.message_id]
+            elif tag in self._nacked:
+                result.failed[row.pk] = "the broker refused it (negative acknowledgement)"
+            else:
+                result.confirmed.append(row.pk)
+        return result
+
+    def _await(self, tags: set[int]) -> None:
+        deadline = time.monotonic() + self.timeout
+        while not tags <= (self._acked | self._nacked):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no confirm from the broker within {self.timeout:g}s")
+            try:
+                self.connection.drain_events(timeout=min(left, 1.0))
+            except TimeoutError:
+                continue
+
+    def _reopen(self) -> None:
+        try:
+            self._open_channel()
+        except Exception as exc:
+            raise BrokerGone(f"could not reopen a channel: {exc}") from exc

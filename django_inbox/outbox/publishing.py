@@ -1,0 +1,104 @@
+"""``publish()``: a message written in the caller's transaction, for a relay to send."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import connections
+from django.utils import timezone
+
+from ..conf import inbox_settings
+from ..db import preparing
+from ..exceptions import InvalidField, InvalidPayload
+from ..side_effects import current_message, side_effect
+from ..validation import clean_text, encode_json
+
+#: Headers the outbox sets on each publication (a caller's own headers keep other names).
+CAUSATION_CONSUMER = "x-causation-consumer"
+CAUSATION_ID = "x-causation-id"
+#: Trace context passed on from the inbox message a handler publishes from (W3C, B3).
+TRACE_HEADERS = ("traceparent", "tracestate", "baggage", "b3", "x-b3-traceid", "x-b3-spanid")
+
+
+@side_effect(name="django_inbox.outbox.publish")
+def publish(
+    event_type: str,
+    payload: Any,
+    *,
+    routing_key: str,
+    key: str = "",
+    headers: Mapping[str, Any] | None = None,
+    exchange: str = "",
+) -> str | None:
+    """Write a message to the outbox in the current transaction (at once outside one) and
+    return its message id, the AMQP ``message_id`` of every publication of it.
+
+    Validated as ``deliver()`` validates (JSON, size, NUL): a bad message raises a
+    ``ValueError`` subclass and nothing is written. Rolled back with the caller's work, it is
+    never published. Called from an inbox handler, the row records that message as its cause
+    (and passes on its trace headers). A ``@side_effect``: during a re-run of a completed
+    message whose consumer suppresses side effects, nothing is written and ``None`` is
+    returned.
+    """
+
+    event_type = clean_text("event_type", event_type, required=True)
+    routing_key = clean_text("routing_key", routing_key, required=False)
+    exchange = clean_text("exchange", exchange, required=False)
+    key = clean_text("key", key, required=False)
+    if not exchange and not routing_key:
+        raise InvalidField("routing_key is empty: the default exchange routes by queue name")
+    if headers is not None and not isinstance(headers, Mapping):
+        raise InvalidPayload(f"headers must be a mapping, got {type(headers).__name__}")
+    limit = inbox_settings.max_payload_bytes
+    body = encode_json("payload", payload, max_bytes=limit)
+    sent_headers: dict[str, Any] = dict(headers or {})
+    cause = current_message()
+    consumer = cause_id = ""
+    if cause is not None:
+        consumer, cause_id = cause.consumer, cause.message_id
+        sent_headers.setdefault(CAUSATION_CONSUMER, consumer)
+        sent_headers.setdefault(CAUSATION_ID, cause_id)
+        for name in TRACE_HEADERS:
+            value = (cause.headers or {}).get(name)
+            if value is not None:
+                sent_headers.setdefault(name, value)
+    encoded_headers = encode_json("headers", sent_headers, max_bytes=limit)
+    message_id = str(uuid.uuid4())
+    _insert(
+        [message_id, event_type, body, encoded_headers, exchange, routing_key, key],
+        [consumer, cause_id],
+        inbox_settings.database,
+    )
+    return message_id
+
+
+#: Columns ``publish()`` writes, in the order of its statement.
+_COLUMNS = (
+    "message_id", "event_type", "payload", "headers", "exchange", "routing_key", "key",
+    "status", "attempts", "last_error", "created_at", "updated_at", "next_attempt_at",
+    "lease_id", "causation_consumer", "causation_message_id",
+)  # fmt: skip
+_sql: dict[tuple[str, str], str] = {}
+
+
+def _insert(values: list[Any], cause: list[str], using: str) -> None:
+    """One ``INSERT`` with the JSON already encoded (prepared on PostgreSQL, as the inbox's
+    own statements are)."""
+    from .models import OutboxMessage
+
+    connection = connections[using]
+    sql = _sql.get((using, connection.vendor))
+    if sql is None:
+        quote = connection.ops.quote_name
+        json = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+        sql = _sql[(using, connection.vendor)] = (
+            f"INSERT INTO {quote(OutboxMessage._meta.db_table)} "
+            f"({', '.join(quote(column) for column in _COLUMNS)}) "
+            f"VALUES (%s, %s, {json}, {json}, %s, %s, %s, 'pending', 0, '', %s, %s, %s, '', "
+            "%s, %s)"
+        )
+    stamp = connection.ops.adapt_datetimefield_value(timezone.now())
+    with preparing.cursor(using) as cursor:
+        cursor.execute(sql, [*values, stamp, stamp, stamp, *cause])

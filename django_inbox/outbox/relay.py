@@ -1,0 +1,156 @@
+"""The relay: claims pending outbox rows, publishes them with confirms, marks them sent.
+
+One loop, as ``outbox_relay`` runs it: claim a batch (``SKIP LOCKED``, a key's oldest pending
+row only), publish it on one confirm-mode channel, then in one ``UPDATE`` mark ``sent`` the
+rows the broker confirmed. A row is never marked sent before its confirm; a relay killed
+between the confirm and the mark leaves the row pending, and the next claim (after the
+lease) publishes it again under the same message id, which the receiving inbox deduplicates.
+A broker outage gives the unconfirmed rows back (no attempt counted) and reconnects with a
+backoff; a row the broker refuses or returns is retried after a backoff and ends ``dead``
+after ``INBOX_OUTBOX_MAX_ATTEMPTS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..conf import inbox_settings
+from ..shutdown import Shutdown
+from . import rows
+from .publisher import BrokerGone, Publisher
+from .settings import outbox_settings
+
+logger = logging.getLogger("django_inbox.outbox")
+
+#: Seconds between reconnection attempts: doubling from the first to the last.
+RECONNECT_FIRST, RECONNECT_MAX = 0.5, 10.0
+
+
+@dataclass
+class RelayStats:
+    """What a relay run did."""
+
+    #: Rows the broker confirmed and this relay marked sent.
+    sent: int = 0
+    #: Failed publications, by the row's resulting status (``pending`` again, ``dead``).
+    failed: Counter[str] = field(default_factory=Counter)
+    #: Connections to the broker lost (and made again).
+    reconnects: int = 0
+    batches: int = 0
+
+
+class Relay:
+    """Publish the outbox until stopped, idle for ``until_idle`` seconds, or ``max_messages``
+    rows were sent."""
+
+    def __init__(
+        self,
+        broker_url: str,
+        *,
+        batch_size: int = 100,
+        poll_interval: float = 0.2,
+        until_idle: float | None = None,
+        max_messages: int | None = None,
+        transport_options: dict[str, Any] | None = None,
+        using: str | None = None,
+        publisher_factory: Callable[[], Publisher] | None = None,
+    ) -> None:
+        self.broker_url = broker_url
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self.until_idle = until_idle
+        self.max_messages = max_messages
+        self.using = using or inbox_settings.database
+        self.shutdown = Shutdown()
+        self.stats = RelayStats()
+        self._factory = publisher_factory or (
+            lambda: Publisher(
+                broker_url,
+                transport_options=transport_options,
+                timeout=outbox_settings.confirm_timeout,
+            )
+        )
+        self._publisher: Publisher | None = None
+        self._reconnect_delay = RECONNECT_FIRST
+
+    def run(self) -> RelayStats:
+        idle_since = time.monotonic()
+        try:
+            while not self.shutdown.requested and not self._enough():
+                if not self._connected():
+                    continue
+                done = self.run_once()
+                if done:
+                    idle_since = time.monotonic()
+                    continue
+                if self.until_idle is not None and time.monotonic() - idle_since >= self.until_idle:
+                    break
+                self.shutdown.wait(self.poll_interval)
+        finally:
+            if self._publisher is not None:
+                self._publisher.close()
+        return self.stats
+
+    def _enough(self) -> bool:
+        return self.max_messages is not None and self.stats.sent >= self.max_messages
+
+    def _connected(self) -> bool:
+        if self._publisher is not None:
+            return True
+        publisher = self._factory()
+        try:
+            publisher.open()
+        except Exception as exc:
+            publisher.close()
+            logger.warning(
+                "outbox relay: broker unreachable (%s); retrying in %.1fs",
+                exc, self._reconnect_delay,
+            )  # fmt: skip
+            self.shutdown.wait(self._reconnect_delay)
+            self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
+            return False
+        self._publisher, self._reconnect_delay = publisher, RECONNECT_FIRST
+        return True
+
+    def run_once(self) -> int:
+        """Claim, publish and settle one batch; return how many rows it held."""
+        limit = self.batch_size
+        if self.max_messages is not None:
+            limit = min(limit, self.max_messages - self.stats.sent)
+        lease_id, claimed = rows.claim(limit, self.using)
+        if not claimed:
+            return 0
+        assert self._publisher is not None
+        self.stats.batches += 1
+        try:
+            result = self._publisher.publish(claimed)
+        except BrokerGone as gone:
+            self.stats.sent += rows.mark_sent(gone.result.confirmed, lease_id, self.using)
+            settled = set(gone.result.confirmed)
+            rows.give_back(
+                [row.pk for row in claimed if row.pk not in settled], lease_id, self.using
+            )
+            logger.warning("outbox relay: lost the broker (%s); reconnecting", gone)
+            self._publisher.close()
+            self._publisher = None
+            self.stats.reconnects += 1
+            return len(claimed)
+        self.stats.sent += rows.mark_sent(result.confirmed, lease_id, self.using)
+        by_pk = {row.pk: row for row in claimed}
+        for pk, error in result.failed.items():
+            status = rows.fail(by_pk[pk], lease_id, error, self.using)
+            self.stats.failed[status] += 1
+            log = logger.error if status == "dead" else logger.warning
+            log(
+                "outbox %s %s attempt %d: %s%s",
+                by_pk[pk].event_type, by_pk[pk].message_id, by_pk[pk].attempts, status,
+                f" ({error})",
+            )  # fmt: skip
+        if result.unknown:
+            rows.give_back(result.unknown, lease_id, self.using)
+        return len(claimed)

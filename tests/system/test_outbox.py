@@ -1,0 +1,141 @@
+"""The outbox companion against the real RabbitMQ: ``publish()`` in the caller's transaction,
+and the relay publishing with confirms, marking rows sent, retrying and giving up."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.test import override_settings
+from kombu import Connection, Queue
+
+from django_inbox import InvalidPayload, deliver, inbox_handler
+from django_inbox.outbox import publish
+from django_inbox.outbox.models import OutboxMessage
+from django_inbox.outbox.relay import Relay
+from tests import brokers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+Status = OutboxMessage.Status
+
+
+@pytest.fixture
+def queue() -> Any:
+    name = brokers.new_queue_name("outbox-test")
+    with Connection(brokers.RABBITMQ) as connection:
+        Queue(name, routing_key=name, durable=True)(connection.default_channel).declare()
+    yield name
+    with Connection(brokers.RABBITMQ) as connection:
+        Queue(name)(connection.default_channel).delete()
+
+
+def received(queue: str, limit: int = 10_000) -> list[Any]:
+    """Every message waiting in ``queue``, acknowledged: (properties, headers, body)."""
+    found = []
+    with Connection(brokers.RABBITMQ) as connection:
+        channel = connection.default_channel
+        while len(found) < limit:
+            message = channel.basic_get(queue, no_ack=True)
+            if message is None:
+                break
+            found.append((message.properties, message.headers or {}, json.loads(message.body)))
+    return found
+
+
+def relay(**options: Any) -> Relay:
+    return Relay(brokers.RABBITMQ, until_idle=0, poll_interval=0.01, **options)
+
+
+def test_publish_writes_in_the_callers_transaction_and_rolled_back_work_publishes_nothing(
+    queue: str,
+) -> None:
+    with transaction.atomic():
+        kept = publish("order.placed", {"order": 1}, routing_key=queue, key="o-1")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish("order.placed", {"order": 2}, routing_key=queue)
+        raise RuntimeError("the business transaction fails")
+    outside = publish("order.placed", {"order": 3}, routing_key=queue)
+    assert list(OutboxMessage.objects.order_by("id").values_list("message_id", flat=True)) == [
+        kept,
+        outside,
+    ]
+    stats = relay().run()
+    assert stats.sent == 2
+    messages = received(queue)
+    assert [(p["message_id"], p["type"], body) for p, _, body in messages] == [
+        (kept, "order.placed", {"order": 1}),
+        (outside, "order.placed", {"order": 3}),
+    ]
+    assert all(p["delivery_mode"] == 2 for p, _, _ in messages)
+    assert set(OutboxMessage.objects.values_list("status", flat=True)) == {Status.SENT}
+
+
+def test_publish_validates_as_deliver_does() -> None:
+    for payload in ({"x": float("nan")}, {"x": "nul\x00"}, object()):
+        with pytest.raises(InvalidPayload):
+            publish("t", payload, routing_key="q")
+    with override_settings(INBOX_MAX_PAYLOAD_BYTES=100), pytest.raises(ValueError):
+        publish("t", {"x": "y" * 200}, routing_key="q")
+    with pytest.raises(ValueError, match="routing_key"):
+        publish("t", {}, routing_key="")
+    assert not OutboxMessage.objects.exists()
+
+
+def test_a_handler_publishing_records_its_message_as_the_cause(queue: str) -> None:
+    @inbox_handler("order.paid", consumer="outbox-cause")
+    def on_paid(message: Any) -> None:
+        publish("receipt.due", {"order": message.payload["order"]}, routing_key=queue)
+
+    try:
+        deliver(
+            consumer="outbox-cause", message_id="in-1", event_type="order.paid",
+            payload={"order": 7}, headers={"traceparent": "00-abc-def-01"},
+        )  # fmt: skip
+    finally:
+        from django_inbox.registry import registry
+
+        registry.unregister("outbox-cause", "order.paid")
+    row = OutboxMessage.objects.get()
+    assert (row.causation_consumer, row.causation_message_id) == ("outbox-cause", "in-1")
+    relay().run()
+    [(_, headers, body)] = received(queue)
+    assert body == {"order": 7}
+    assert headers["x-causation-consumer"] == "outbox-cause"
+    assert headers["x-causation-id"] == "in-1"
+    assert headers["traceparent"] == "00-abc-def-01"
+
+
+def test_an_unroutable_message_is_not_sent_and_ends_dead_after_its_attempts() -> None:
+    with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=2, INBOX_OUTBOX_BACKOFF_BASE=0.01):
+        publish("lost.event", {"n": 1}, routing_key="no-queue-has-this-name")
+        Relay(brokers.RABBITMQ, until_idle=0.5, poll_interval=0.01).run()
+    row = OutboxMessage.objects.get()
+    assert (row.status, row.attempts) == (Status.DEAD, 2)
+    assert "unroutable" in row.last_error and "no-queue-has-this-name" in row.last_error
+    assert "giving up after 2 attempts" in row.last_error
+    assert row.sent_at is None
+
+
+def test_an_exchange_the_broker_refuses_ends_dead_and_the_relay_goes_on(queue: str) -> None:
+    with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=1):
+        publish("x", {"n": 1}, routing_key="r", exchange="no-such-exchange")
+        publish("y", {"n": 2}, routing_key=queue)
+        stats = Relay(brokers.RABBITMQ, until_idle=0.5, poll_interval=0.01).run()
+    refused = OutboxMessage.objects.get(event_type="x")
+    assert refused.status == Status.DEAD and "refused by the broker" in refused.last_error
+    assert "NOT_FOUND" in refused.last_error
+    assert OutboxMessage.objects.get(event_type="y").status == Status.SENT
+    assert stats.sent == 1 and [p["type"] for p, _, _ in received(queue)] == ["y"]
+
+
+def test_a_keys_rows_are_published_in_the_order_written(queue: str) -> None:
+    for n in range(30):
+        publish("v", {"n": n}, routing_key=queue, key=f"k{n % 3}")
+    stats = relay(batch_size=7).run()
+    assert stats.sent == 30
+    by_key: dict[str, list[int]] = {}
+    for _, _, body in received(queue):
+        by_key.setdefault(f"k{body['n'] % 3}", []).append(body["n"])
+    assert by_key == {f"k{k}": list(range(k, 30, 3)) for k in range(3)}
