@@ -163,18 +163,10 @@ def run_handler(handler: Handler, message: InboxMessage, using: str) -> None:
     ``@side_effect`` calls skipped; the calls it skipped go into the row's history with the
     completion (here, in the same transaction) or with the failure that is recorded.
     """
-    token = side_effects.running_message.set(message)
-    try:
-        if not (message.rerun and side_effects.suppresses(message)):
-            handler.func(message)
-            _refuse_aborted(using)
-            return
-        with side_effects.suppressing(message, using) as state:
-            handler.func(message)
-    finally:
-        side_effects.running_message.reset(token)
+    with side_effects.handler_context(message, using) as suppressing:
+        handler.func(message)
     _refuse_aborted(using)
-    if state.functions:
+    if suppressing is not None and suppressing.functions:
         InboxMessage.objects.using(using).filter(pk=message.pk).update(history=message.history)
 
 

@@ -5,7 +5,7 @@ is taken under the key's lock, as in :mod:`django_inbox.ordering`."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Min
@@ -92,6 +92,71 @@ def jump_gap(pk: int, consumer: str, key: str, sequence: int, using: str) -> int
     return target
 
 
+#: Seconds between two looks at a re-run version that follows a sequence no row holds (it goes
+#: on past it as soon as its key reaches it, not a ``gap_timeout`` later).
+HOLE_LOOK = 1.0
+
+
+def _versions_between(found: InboxMessage, missing: int, using: str) -> bool:
+    """Whether any row (in any status) holds a sequence of ``found``'s key from ``missing`` up
+    to just below ``found``."""
+    assert found.sequence is not None
+    return (
+        InboxMessage.objects.using(using)
+        .filter(
+            consumer=found.consumer,
+            key=found.key,
+            sequence__gte=missing,
+            sequence__lt=found.sequence,
+        )
+        .exists()
+    )
+
+
+def after_hole(consumer: str, key: str, sequence: int, using: str) -> bool:
+    """Whether no row holds the sequence just below ``sequence`` of ``key``."""
+    return not (
+        InboxMessage.objects.using(using)
+        .filter(consumer=consumer, key=key, sequence=sequence - 1)
+        .exists()
+    )
+
+
+def _next_look(found: InboxMessage, now: datetime, using: str) -> datetime:
+    sequence = found.sequence
+    if (
+        found.rerun
+        and sequence is not None
+        and after_hole(found.consumer, found.key, sequence, using)
+    ):
+        return now + timedelta(seconds=HOLE_LOOK)
+    return gap_deadline(found.consumer, now)
+
+
+def _rerun_past(found: InboxMessage, applied: int, now: datetime, using: str) -> None:
+    """Move ``found``'s key to just below it and make it due (the caller holds the key)."""
+    assert found.sequence is not None
+    target = found.sequence - 1
+    InboxKey.objects.using(using).filter(consumer=found.consumer, key=found.key).update(
+        applied_sequence=target, updated_at=now
+    )
+    entry = {
+        "kind": "past_gap",
+        "at": now.isoformat(),
+        "message": (
+            f"re-run past sequences {applied + 1} to {target} of key {found.key!r}, which "
+            "its first run passed too (they never arrived, or were purged)"
+        ),
+    }
+    InboxMessage.objects.using(using).filter(pk=found.pk, status=Status.WAITING).update(
+        status=Status.RECEIVED,
+        next_attempt_at=now,
+        updated_at=now,
+        last_error="",
+        history=history.append(found.history, entry),
+    )
+
+
 def park_expired_gaps(using: str | None = None, *, consumer: str | None = None) -> int:
     """Look at ``waiting`` rows past their gap deadline: park those whose missing sequence
     never arrived (``last_error`` names the key and the sequence), release those whose
@@ -133,6 +198,15 @@ def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
             )
             return 0
         missing = applied + 1
+        if found.rerun:
+            # A re-run is never parked for a gap: every sequence below it was passed once.
+            # Versions between still to run again come first; sequences no row holds (they
+            # never arrived, or were purged since) it goes on past, as the first run did.
+            if _versions_between(found, missing, using):
+                rows.update(next_attempt_at=_next_look(found, now, using), updated_at=now)
+            else:
+                _rerun_past(found, applied, now, using)
+            return 0
         if skip_requested(found) or predecessor_exists(found.consumer, found.key, missing, using):
             rows.update(next_attempt_at=gap_deadline(found.consumer, now), updated_at=now)
             return 0

@@ -96,14 +96,18 @@ def interrupted_entry(attempt: int, error: str, *, at: datetime) -> dict[str, An
     }
 
 
-def suppressed_entry(function: str, attempt: int, *, at: datetime) -> dict[str, Any]:
-    """A ``@side_effect`` call that did not run: the message was re-run and its consumer
-    suppresses side effects on re-runs. Names the function, never its arguments."""
+def suppressed_entry(
+    function: str, attempt: int, *, at: datetime, calls: int = 1
+) -> dict[str, Any]:
+    """Calls of a ``@side_effect`` function that did not run in one attempt: the message was
+    re-run and its consumer suppresses side effects on re-runs. Names the function and counts
+    its calls, never their arguments."""
     return {
         "kind": "suppressed",
         "at": at.isoformat(),
         "attempt": attempt,
         "function": storable(function)[:MAX_ACTOR],
+        "calls": calls,
         "message": "side effect not run: re-run of a completed message",
     }
 

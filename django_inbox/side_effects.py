@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from django.db import connections
 from django.utils import timezone
 
 from . import events, history, signals
@@ -85,7 +86,25 @@ def side_effect(func: Any = None, /, *, name: str | None = None) -> Any:
     def decorate(target: F) -> F:
         label = name or f"{target.__module__}.{target.__qualname__}"
         wrapper: Any
-        if inspect.iscoroutinefunction(target):
+        if inspect.isgeneratorfunction(target):
+
+            @functools.wraps(target)
+            def generator_wrapper(*args: Any, **kwargs: Any) -> Any:
+                if suppressed(label):
+                    return iter(())  # what a loop over the suppressed call sees: nothing
+                return target(*args, **kwargs)
+
+            wrapper = generator_wrapper
+        elif inspect.isasyncgenfunction(target):
+
+            @functools.wraps(target)
+            def async_generator_wrapper(*args: Any, **kwargs: Any) -> Any:
+                if suppressed(label):
+                    return _nothing()
+                return target(*args, **kwargs)
+
+            wrapper = async_generator_wrapper
+        elif inspect.iscoroutinefunction(target):
 
             @functools.wraps(target)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -128,32 +147,106 @@ def suppressed(function: str) -> bool:
     return True
 
 
+async def _nothing() -> AsyncIterator[Any]:
+    """An async iterator that yields nothing (a suppressed async generator's calls)."""
+    return
+    yield
+
+
 def suppresses(message: InboxMessage) -> bool:
     """Whether ``message``'s handler runs as a re-run whose side effects are suppressed."""
     return bool(message.rerun) and inbox_settings.policy(message.consumer).suppresses_side_effects
 
 
 @contextmanager
-def suppressing(message: InboxMessage, using: str) -> Iterator[Suppressing]:
-    """Run the code inside as ``message``'s re-run with side effects suppressed; on the way
-    out, whatever happened, add one history entry per suppressed call to ``message.history``
-    (in memory: the attempt's outcome writes it)."""
-    state = Suppressing(message, using)
-    token = _rerun.set(state)
+def handler_context(message: InboxMessage, using: str) -> Iterator[Suppressing | None]:
+    """What a handler of ``message`` runs in: :func:`current_message`, and for a re-run whose
+    consumer suppresses side effects, the suppression (``None`` otherwise, so that a message
+    the handler delivers itself is not suppressed with it).
+
+    On the way out, whatever happened, the calls suppressed become history entries in
+    ``message.history`` (in memory: the attempt's outcome writes them), one per function
+    with its number of calls. Callbacks the handler registered with
+    ``transaction.on_commit()`` on the inbox's database run after the commit in the same
+    suppression; what they suppress is written to the row then.
+    """
+    state = Suppressing(message, using) if message.rerun and suppresses(message) else None
+    running = running_message.set(message)
+    rerun = _rerun.set(state)
+    pending = _callbacks(using) if state is not None else None
     try:
         yield state
     finally:
-        _rerun.reset(token)
-        now = timezone.now()
-        listened = signals.listened(signals.side_effect_suppressed)
-        for function in state.functions:
-            message.history = history.append(
-                message.history, history.suppressed_entry(function, message.attempts, at=now)
-            )
-            if listened:  # sent if the attempt commits
-                about = events.about(message, using)
-                arguments = {**about, "duration": None, "message": message}
-                del arguments["using"]
-                signals.send(
-                    signals.side_effect_suppressed, arguments, {"function": function}, using
+        _rerun.reset(rerun)
+        running_message.reset(running)
+        if state is not None:
+            if pending is not None:
+                _keep_suppressing(state, pending)
+            _record(state)
+
+
+def _callbacks(using: str) -> int | None:
+    """How many on-commit callbacks the connection holds now (``None`` if this Django keeps
+    them otherwise)."""
+    found = getattr(connections[using], "run_on_commit", None)
+    return len(found) if isinstance(found, list) else None
+
+
+def _keep_suppressing(state: Suppressing, before: int) -> None:
+    """Run the on-commit callbacks the handler added in ``state``'s suppression. Read again
+    now: a savepoint rolled back inside the handler replaces the list (dropping only
+    callbacks added inside it, so those added before the handler keep their places)."""
+    callbacks = getattr(connections[state.using], "run_on_commit", None)
+    if not isinstance(callbacks, list):
+        return
+    for index in range(before, len(callbacks)):
+        entry = callbacks[index]
+        if not (isinstance(entry, tuple) and len(entry) == 3 and callable(entry[1])):
+            return  # not the (savepoints, callback, robust) that Django 4.2 to 5.2 keep
+        savepoints, callback, robust = entry
+        callbacks[index] = (savepoints, _after_commit(state, callback), robust)
+
+
+def _after_commit(state: Suppressing, callback: Any) -> Any:
+    def run() -> None:
+        token = _rerun.set(state)
+        done = len(state.functions)
+        try:
+            callback()
+        finally:
+            _rerun.reset(token)
+            if len(state.functions) > done:  # written now: the attempt has committed
+                from .models import InboxMessage
+
+                _record(state, start=done)
+                InboxMessage.objects.using(state.using).filter(pk=state.message.pk).update(
+                    history=state.message.history
                 )
+
+    return run
+
+
+def _record(state: Suppressing, *, start: int = 0) -> None:
+    """History entries (one per function, with its count of calls) and signals for the calls
+    ``state`` suppressed from index ``start`` on."""
+    message, using = state.message, state.using
+    calls: dict[str, int] = {}
+    for function in state.functions[start:]:
+        calls[function] = calls.get(function, 0) + 1
+    now = timezone.now()
+    listened = signals.listened(signals.side_effect_suppressed)
+    for function, count in calls.items():
+        message.history = history.append(
+            message.history,
+            history.suppressed_entry(function, message.attempts, at=now, calls=count),
+        )
+        if listened:  # sent if the attempt commits (at once after it)
+            about = events.about(message, using)
+            arguments = {**about, "duration": None, "message": message}
+            del arguments["using"]
+            signals.send(
+                signals.side_effect_suppressed,
+                arguments,
+                {"function": function, "calls": count},
+                using,
+            )

@@ -3,8 +3,7 @@
 Run as ``python -m tests.procs deliver CONSUMER MESSAGE_ID PAYLOAD_JSON`` (prints the
 outcome), ``python -m tests.procs publish QUEUE COMMITS ROLLBACK_EVERY PACE`` (the outbox's
 publisher: see :func:`publish_transactions`), or used as ``multiprocessing`` targets (spawned,
-so each child sets Django up
-from the environment it inherits).
+so each child sets Django up from the environment it inherits).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from .process import (
 )
 from .purge import PURGEABLE, PurgeProgress, PurgeResult, expired, purge
 from .reclaim import ReclaimResult, reclaim, reclaimable
-from .rerun import rerun_failed, rerun_left
+from .rerun import rerun_blocked, rerun_failed, rerun_left
 from .selection import command_actor, count_by_status, find, select
 from .stats import (
     PROBLEM_KINDS,
@@ -85,6 +85,7 @@ __all__ = [
     "reclaim",
     "reclaimable",
     "replay",
+    "rerun_blocked",
     "rerun_failed",
     "rerun_left",
     "retry_now",

@@ -100,7 +100,12 @@ def replay(
         return None
 
     def decide(row: InboxMessage) -> str | None:
-        return None if row.status in REPLAYABLE else refusal(row.consumer)
+        if row.status in REPLAYABLE:
+            return None
+        if row.sequence is not None and ordering.applies(row.consumer, row.key):
+            # Not from split() (the settings changed meanwhile): never without its key.
+            return "completed version of an ordered consumer: select it again to re-run its key"
+        return refusal(row.consumer)
 
     def change(now: datetime, status: str) -> dict[str, Any]:
         changes: dict[str, Any] = {
@@ -157,6 +162,8 @@ def _rerun_versions(
             key_plan = rerun.rerun_key(consumer, key, first, entry, using)
             _report("replay", key_plan.runs, actor, via, reason, using)
         key_plan.selected = start["selected"]
+        if rerun.unplanned(key_plan):
+            result.refused[rerun.NOT_APPLIED] += rerun.unplanned(key_plan)
         for row in (*key_plan.runs, *key_plan.skips):
             result.changed[row.status] += 1
             if keep is None or len(result.rows) < keep:

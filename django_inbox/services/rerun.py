@@ -15,22 +15,22 @@ the key's lock:
 
 Later versions are re-run even when the selection did not name them: the key's state is the
 result of all of them, in order. Messages of the key that arrive meanwhile wait for the
-re-run to catch up. A sequence the key never ran (an operator replayed past a gap) stops the
-re-run there, as it stopped the first run: past ``gap_timeout`` the next version is parked,
-and replaying it goes on past the gap.
+re-run to catch up. A sequence no row holds (the first run was replayed past a gap there, or
+its row was purged) is passed again: the gap sweep moves the key past it as soon as the key
+reaches it (:func:`django_inbox.gaps.park_expired_gaps`), with a ``past_gap`` history entry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from .. import history, ordering
+from .. import gaps, history, ordering
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxKey, InboxMessage
@@ -41,19 +41,22 @@ Status = InboxMessage.Status
 MAX_NOTES = 20
 
 
+def ordered_consumers() -> Q:
+    """The rows of ordered consumers, as the settings say (not as the rows say: a version
+    completing meanwhile must land on the same side of :func:`split`)."""
+    from ..conf import POLICY_KEYS
+
+    if bool(inbox_settings._get(POLICY_KEYS["ordered"])):
+        unordered = [c for c in inbox_settings.consumers if not inbox_settings.ordered(c)]
+        return ~Q(consumer__in=unordered)
+    return Q(consumer__in=[c for c in inbox_settings.consumers if inbox_settings.ordered(c)])
+
+
 def split(rows: QuerySet[InboxMessage]) -> tuple[QuerySet[InboxMessage], QuerySet[InboxMessage]]:
-    """``rows`` without, and only, the completed versions of ordered consumers."""
-    versions = rows.filter(status=Status.COMPLETED, sequence__isnull=False).exclude(key="")
-    consumers = [
-        consumer
-        for consumer in versions.order_by().values_list("consumer", flat=True).distinct()
-        if inbox_settings.ordered(consumer)
-    ]
-    if not consumers:
-        return rows, rows.none()
-    ordered = Q(status=Status.COMPLETED, sequence__isnull=False, consumer__in=consumers) & ~Q(
-        key=""
-    )
+    """``rows`` without, and only, the completed versions of ordered consumers. Both are
+    evaluated when they are read, with the same condition, so a row completing between the two
+    reads is in one of them, never in both and never in neither."""
+    ordered = Q(status=Status.COMPLETED, sequence__isnull=False) & ~Q(key="") & ordered_consumers()
     return rows.exclude(ordered), rows.filter(ordered)
 
 
@@ -160,10 +163,15 @@ def rerun_key(consumer: str, key: str, first: int, entry: dict[str, Any], using:
             (due if row.sequence == key_plan.target + 1 else waiting).append(row)
         changes = {**cleared, "status": Status.RECEIVED, "next_attempt_at": now}
         _change(due, {**changes, "last_error": ""}, entry, now, using)
+        holes = set(key_plan.holes)
+        soon = now + timedelta(seconds=gaps.HOLE_LOOK)
         for row in waiting:  # one reason per row: what it waits for
             assert row.sequence is not None
             reason = f"re-run: waits for sequence {row.sequence - 1} of key {key!r} to run again"
-            changes = {**cleared, "status": Status.WAITING, "next_attempt_at": deadline}
+            # After a sequence no row holds, the gap sweep looks often: it moves the key past
+            # the hole as soon as the key reaches it, as the first run was moved past it.
+            look = soon if row.sequence - 1 in holes else deadline
+            changes = {**cleared, "status": Status.WAITING, "next_attempt_at": look}
             _change([row], {**changes, "last_error": reason}, entry, now, using)
         skip_entry = {
             **entry,
@@ -209,6 +217,21 @@ def _change(
         )
 
 
+def unplanned(key_plan: KeyPlan) -> int:
+    """Selected versions a re-run of the key cannot run: its key never applied them (they
+    completed before the consumer was ordered, or the key's state was removed)."""
+    return (
+        max(key_plan.selected - len(key_plan.runs), 0) if key_plan.first > key_plan.applied else 0
+    )
+
+
+#: Why :func:`unplanned` versions are refused.
+NOT_APPLIED = (
+    "completed version its key has not applied (it completed before the consumer was "
+    "ordered): the key has nothing to rewind"
+)
+
+
 def note(key_plan: KeyPlan) -> str | None:
     """What an operator should know about one key's re-run, if anything."""
     later = len(key_plan.runs) - key_plan.selected
@@ -223,8 +246,8 @@ def note(key_plan: KeyPlan) -> str | None:
         shown = ", ".join(str(sequence) for sequence in key_plan.holes[:5])
         more = "…" if len(key_plan.holes) > 5 else ""
         parts.append(
-            f"sequence(s) {shown}{more} never ran (replayed past a gap): the re-run stops there "
-            "until the next version, parked after gap_timeout, is replayed"
+            f"sequence(s) {shown}{more} have no row (the first run passed them: they never "
+            "arrived, or were purged); the re-run passes them too"
         )
     if not parts:
         return None
@@ -243,6 +266,24 @@ def rerun_left(consumers: list[str]) -> int:
     return (
         InboxMessage.objects.using(using)
         .filter(consumer__in=consumers, rerun=True, status__in=LEFT)
+        .count()
+    )
+
+
+def rerun_blocked(consumers: list[str]) -> int:
+    """How many re-run rows of ``consumers`` wait behind a dead or parked version of their key
+    (an operator must replay or skip it before they can run)."""
+    using = inbox_settings.database
+    blocker = InboxMessage.objects.using(using).filter(
+        consumer=OuterRef("consumer"),
+        key=OuterRef("key"),
+        sequence__lt=OuterRef("sequence"),
+        status__in=(Status.DEAD, Status.PARKED),
+    )
+    return (
+        InboxMessage.objects.using(using)
+        .filter(consumer__in=consumers, rerun=True, status=Status.WAITING)
+        .filter(Exists(blocker))
         .count()
     )
 

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import transaction
 from django.test import override_settings
 from effects import inbox_handlers
 from effects.models import Effect, Projection
 
 from django_inbox import Outcome, deliver, side_effect, signals, store
 from django_inbox.checks import check_settings
+from django_inbox.gaps import park_expired_gaps
 from django_inbox.models import InboxKey, InboxMessage
 from django_inbox.services import operator, select
 from django_inbox.worker import Worker
+from tests.conftest import handler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = InboxMessage.Status
@@ -322,3 +326,189 @@ def test_reruns_in_a_shared_transaction_record_each_suppression_once() -> None:
                     ("effects.inbox_handlers.send_receipt", "effects.notify_async")]  # fmt: skip
         assert suppressed == expected, (n, row.history)
     assert inbox_handlers.SENT == []
+
+
+# --- what a red-team pass found ----------------------------------------------------------
+
+
+def _on_commit_handler(message: Any) -> None:
+    Effect.objects.create(consumer="notify", message_id=message.message_id, attempt=1, pid=0)
+    transaction.on_commit(lambda: inbox_handlers.send_receipt(message.message_id))
+
+
+def test_a_side_effect_sent_from_on_commit_is_suppressed_in_a_rerun_too() -> None:
+    with handler("effect.on_commit", "notify", _on_commit_handler):
+        deliver(consumer="notify", message_id="c1", event_type="effect.on_commit", payload={})
+        assert inbox_handlers.SENT == ["c1"]
+        inbox_handlers.SENT.clear()
+        rerun("notify", "c1")
+        drain("notify")
+    assert inbox_handlers.SENT == []
+    row = InboxMessage.objects.get(message_id="c1")
+    assert row.status == Status.COMPLETED
+    assert [(e["function"], e["calls"]) for e in row.history if e["kind"] == "suppressed"] == [
+        ("effects.inbox_handlers.send_receipt", 1)
+    ]
+
+
+def _hand_on(message: Any) -> None:
+    deliver(
+        consumer="effects", message_id=f"derived-of-{message.attempts}-{message.is_rerun}",
+        event_type="effect.notify", payload={},
+    )  # fmt: skip
+
+
+def test_a_first_run_inside_a_reruns_handler_makes_its_side_effects() -> None:
+    with handler("effect.hand_on", "notify", _hand_on):
+        deliver(consumer="notify", message_id="outer", event_type="effect.hand_on", payload={})
+        inbox_handlers.SENT.clear()
+        rerun("notify", "outer")
+        drain("notify")
+    inner = InboxMessage.objects.get(consumer="effects", message_id="derived-of-1-True")
+    assert inner.status == Status.COMPLETED and not inner.is_rerun
+    assert inbox_handlers.SENT == ["derived-of-1-True", "async:derived-of-1-True"]
+    outer = InboxMessage.objects.get(message_id="outer")
+    assert not [e for e in outer.history if e["kind"] == "suppressed"]
+
+
+@side_effect
+def _lines(n: int) -> Any:
+    yield from range(n)
+
+
+@side_effect
+async def _async_lines(n: int) -> Any:
+    for i in range(n):
+        yield i
+
+
+def _iterate(message: Any) -> None:
+    async def collect() -> list[int]:
+        return [i async for i in _async_lines(2)]
+
+    assert list(_lines(3)) == ([] if message.is_rerun else [0, 1, 2])
+    assert asyncio.run(collect()) == ([] if message.is_rerun else [0, 1])
+
+
+def test_generator_side_effects_give_nothing_to_iterate_when_suppressed() -> None:
+    with handler("effect.iterate", "notify", _iterate):
+        deliver(consumer="notify", message_id="g1", event_type="effect.iterate", payload={})
+        rerun("notify", "g1")
+        drain("notify")
+    row = InboxMessage.objects.get(message_id="g1")
+    assert row.status == Status.COMPLETED, row.last_error
+    assert sorted(
+        e["function"].rsplit(".", 1)[-1] for e in row.history if e["kind"] == "suppressed"
+    ) == ["_async_lines", "_lines"]
+
+
+def _many(message: Any) -> None:
+    for n in range(150):
+        inbox_handlers.send_receipt(f"{message.message_id}-{n}")
+
+
+def test_many_suppressed_calls_make_one_entry_and_keep_the_operators_entry() -> None:
+    with handler("effect.many", "notify", _many):
+        deliver(consumer="notify", message_id="h1", event_type="effect.many", payload={})
+        rerun("notify", "h1")
+        drain("notify")
+    row = InboxMessage.objects.get(message_id="h1")
+    kinds = [e["kind"] for e in row.history]
+    assert kinds == ["replay", "suppressed"]
+    assert row.history[1]["calls"] == 150 and row.history[0]["reason"] == ACTOR["reason"]
+
+
+def test_a_version_completing_while_its_key_is_selected_again_is_never_replayed_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_inbox.services import rerun as reruns
+
+    for sequence in (1, 2, 3):
+        version("A", sequence, sequence)
+    drain("projection")
+    operator.replay(
+        select(consumer="projection", message_ids=["A-1"], statuses=["completed"]),
+        force=True,
+        **ACTOR,
+    )
+    real_split = reruns.split
+
+    def split_then_a_worker_commits(rows: Any) -> Any:
+        parts = real_split(rows)
+        Worker(["projection"], max_messages=1, until_idle=0, poll_interval=0.01).run()
+        return parts
+
+    monkeypatch.setattr(reruns, "split", split_then_a_worker_commits)
+    operator.replay(select(consumer="projection", message_ids=["A-1"]), force=True, **ACTOR)
+    monkeypatch.undo()
+    drain("projection")
+    statuses = dict(InboxMessage.objects.filter(key="A").values_list("sequence", "status"))
+    assert statuses == {1: "completed", 2: "completed", 3: "completed"}
+    assert projection("A")[1] == 3
+
+
+def test_wait_exits_1_when_a_rerun_version_goes_dead(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django_inbox.management.commands import inbox_replay
+
+    for sequence in (1, 2, 3):
+        version("A", sequence, sequence)
+    drain("projection")
+    row = InboxMessage.objects.get(message_id="A-2")
+    row.payload = {"n": 2, "reject": "the fixed handler rejects it"}
+    row.save(update_fields=["payload"])
+    polls: list[int] = []
+
+    def sleep(_: float) -> None:  # the command's poll: the workers run meanwhile
+        polls.append(1)
+        assert len(polls) < 30, "inbox_replay --wait did not stop"
+        drain("projection")
+
+    monkeypatch.setattr(inbox_replay.time, "sleep", sleep)
+    with pytest.raises(CommandError, match=r"1 re-run row.* dead or parked; 1 wait behind"):
+        call_command(
+            "inbox_replay", "--consumer", "projection", "--key", "A", "--status", "completed",
+            "--force", "--reason", "rebuild", "--wait", "--no-input",
+        )  # fmt: skip
+    statuses = dict(InboxMessage.objects.filter(key="A").values_list("sequence", "status"))
+    assert statuses == {1: "completed", 2: "dead", 3: "waiting"}
+
+
+def test_a_rerun_passes_the_gaps_its_first_run_was_replayed_past() -> None:
+    consumers = {
+        "projection": {"ordered": True, "side_effects_on_rerun": "suppress", "gap_timeout": 0.2}
+    }
+    with override_settings(INBOX_CONSUMERS=consumers):
+        for sequence in (1, 2, 4, 5, 6):  # 3 never arrives
+            version("A", sequence, sequence)
+        drain("projection")
+        time.sleep(0.3)
+        park_expired_gaps()
+        operator.replay(select(consumer="projection", statuses=["parked"]), **ACTOR)
+        drain("projection")
+        first = projection("A")
+        assert first[1] == 6
+        result = operator.replay(
+            select(consumer="projection", keys=["A"], statuses=["completed"]), force=True, **ACTOR
+        )
+        assert any("sequence(s) 3 have no row" in said for said in result.notes)
+        Worker(["projection"], until_idle=2.5, poll_interval=0.01).run()  # sweeps every second
+    statuses = dict(InboxMessage.objects.filter(key="A").values_list("sequence", "status"))
+    assert statuses == {n: "completed" for n in (1, 2, 4, 5, 6)}
+    assert projection("A")[:2] == first[:2]
+    assert any(
+        e["kind"] == "past_gap" and "first run passed" in e["message"]
+        for e in InboxMessage.objects.get(message_id="A-4").history
+    )
+
+
+def test_versions_completed_before_the_consumer_was_ordered_are_refused_with_a_reason() -> None:
+    unordered = {"projection": {"ordered": False}}
+    with override_settings(INBOX_CONSUMERS=unordered):
+        for sequence in (1, 2):
+            version("A", sequence, sequence)
+        drain("projection")
+    result = operator.replay(
+        select(consumer="projection", statuses=["completed"]), force=True, **ACTOR
+    )
+    assert result.total == 0
+    assert sum(n for why, n in result.refused.items() if "has not applied" in why) == 2

@@ -15,6 +15,7 @@ from ...services import (
     command_actor,
     count_by_status,
     replay,
+    rerun_blocked,
     rerun_failed,
     rerun_left,
     select,
@@ -215,22 +216,26 @@ class Command(InboxCommand):
         first_done: int | None = None
         while True:
             left = rerun_left(consumers)
+            # Rows waiting behind a dead or parked version don't move until an operator acts.
+            blocked = rerun_blocked(consumers) if left else 0
             done = max(total - left, 0)
             now = time.monotonic()
             if first_done is None:  # what workers ran while the re-run was being set up
                 first_done = done
-            if verbosity >= 1 and (left == 0 or now - last_report >= REPORT_EVERY):
+            if verbosity >= 1 and (left == blocked or now - last_report >= REPORT_EVERY):
                 elapsed = now - started
                 rate = f"{(done - first_done) / elapsed:,.0f}/s" if elapsed >= 1 else "starting"
                 self.stdout.write(f"re-run {done:,} / {total:,} ({rate})")
                 last_report = now
-            if left == 0:
+            if left == blocked:
                 break
             time.sleep(0.5)
         failed = rerun_failed(consumers, since=self.started_at)
-        if failed:
+        if failed or blocked:
+            held = f"; {blocked:,} wait behind them" if blocked else ""
             raise CommandError(
-                f"{failed:,} re-run row(s) ended dead or parked; see inbox_stats or the admin",
+                f"{failed:,} re-run row(s) ended dead or parked{held}: replay or skip them "
+                "(inbox_stats, the admin)",
                 returncode=1,
             )
 
