@@ -2,7 +2,8 @@
 
 Run as ``python -m tests.procs deliver CONSUMER MESSAGE_ID PAYLOAD_JSON`` (prints the
 outcome), ``python -m tests.procs publish QUEUE COMMITS ROLLBACK_EVERY PACE`` (the outbox's
-publisher: see :func:`publish_transactions`), or used as ``multiprocessing`` targets (spawned,
+publisher: see :func:`publish_transactions`), ``python -m tests.procs relay-dies-after-confirm
+BROKER`` (:func:`relay_dies_after_confirm`), or used as ``multiprocessing`` targets (spawned,
 so each child sets Django up from the environment it inherits).
 """
 
@@ -79,10 +80,29 @@ def publish_transactions(queue: str, commits: int, rollback_every: int, pace: fl
         time.sleep(pace)
 
 
+def relay_dies_after_confirm(broker: str) -> None:
+    """Run a relay that SIGKILLs itself once the broker confirmed its first batch, before the
+    rows are marked sent: the crash window between the confirm and the mark."""
+    import signal
+
+    from django_inbox.outbox import relay, rows
+
+    def die(*args: Any, **kwargs: Any) -> int:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return 0
+
+    rows.mark_sent = die  # type: ignore[assignment]
+    relay.rows.mark_sent = die  # type: ignore[attr-defined]
+    relay.Relay(broker, until_idle=5).run()
+
+
 def main(argv: list[str]) -> None:
     setup()
     from django_inbox import deliver
 
+    if argv[0] == "relay-dies-after-confirm":
+        relay_dies_after_confirm(argv[1])
+        return
     if argv[0] == "publish":
         queue, commits, rollback_every, pace = argv[1:]
         publish_transactions(queue, int(commits), int(rollback_every), float(pace))

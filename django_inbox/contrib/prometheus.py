@@ -171,6 +171,23 @@ class StatsCollector(Collector):
             gauges["waiting_age"].add_metric([name], consumer.oldest_waiting_age)
             gauges["parked_gaps"].add_metric([name], consumer.parked_gaps)
         yield from gauges.values()
+        if stats.outbox is not None:
+            for name, documentation, value in (
+                ("outbox_pending", "Outbox messages still to publish.", stats.outbox.pending),
+                (
+                    "outbox_oldest_pending_age_seconds",
+                    "How long ago the oldest pending outbox message was written (relay lag).",
+                    stats.outbox.oldest_pending_age,
+                ),
+                (
+                    "outbox_dead",
+                    "Outbox messages not published after their attempts.",
+                    stats.outbox.dead,
+                ),
+            ):
+                family = GaugeMetricFamily(name, documentation)
+                family.add_metric([], value)
+                yield family
 
 
 def install(registry: CollectorRegistry = REGISTRY, *, gauges: bool = True) -> Metrics:

@@ -29,7 +29,7 @@ STATUSES = [str(status) for status in Status]
 ESTIMATE_ABOVE = 1_000_000
 
 #: Kinds of :class:`Problem`, in the order they are reported.
-PROBLEM_KINDS = ("dead", "stuck", "pending_age")
+PROBLEM_KINDS = ("dead", "stuck", "pending_age", "outbox_dead", "outbox_lag")
 
 
 @dataclass
@@ -71,6 +71,8 @@ class InboxStats:
     completed_total: int
     completed_estimated: bool
     max_pending_age: float
+    #: The outbox's state, when ``django_inbox.outbox`` is installed.
+    outbox: Any = None
 
     @property
     def healthy(self) -> bool:
@@ -93,6 +95,16 @@ class InboxStats:
             "max_pending_age": self.max_pending_age,
             "totals": self.totals(),
             "completed_estimated": self.completed_estimated,
+            "outbox": (
+                None
+                if self.outbox is None
+                else {
+                    "pending": self.outbox.pending,
+                    "sent": self.outbox.sent,
+                    "dead": self.outbox.dead,
+                    "oldest_pending_age": round(self.outbox.oldest_pending_age, 3),
+                }
+            ),
             "consumers": {
                 name: {
                     "counts": consumer.counts,
@@ -214,6 +226,9 @@ def collect(
             if count["status"] == Status.COMPLETED:
                 completed_total += count["n"]
     problems = _problems(found, max_pending_age, ignore)
+    outbox = _outbox(now) if consumer is None else None
+    if outbox is not None:
+        problems += _outbox_problems(outbox, max_pending_age, ignore)
     return InboxStats(
         at=now,
         consumers=found,
@@ -221,7 +236,43 @@ def collect(
         completed_total=completed_total,
         completed_estimated=estimated,
         max_pending_age=max_pending_age,
+        outbox=outbox,
     )
+
+
+def _outbox(now: datetime) -> Any:
+    from django.apps import apps
+
+    if not apps.is_installed("django_inbox.outbox"):
+        return None
+    from ..outbox.services import collect as collect_outbox
+
+    return collect_outbox(now)
+
+
+def _outbox_problems(outbox: Any, max_pending_age: float, ignore: tuple[str, ...]) -> list[Problem]:
+    problems = []
+    if outbox.dead and "outbox_dead" not in ignore:
+        problems.append(
+            Problem(
+                "outbox_dead",
+                "",
+                outbox.dead,
+                f"{outbox.dead} outbox message(s) dead: not published after their attempts",
+            )
+        )
+    lag = outbox.oldest_pending_age
+    if max_pending_age and lag > max_pending_age and "outbox_lag" not in ignore:
+        problems.append(
+            Problem(
+                "outbox_lag",
+                "",
+                lag,
+                f"the oldest pending outbox message was written {lag:.0f}s ago (limit "
+                f"{max_pending_age:g}s): is a relay running?",
+            )
+        )
+    return problems
 
 
 def _problems(

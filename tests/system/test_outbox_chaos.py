@@ -125,3 +125,73 @@ def test_relays_killed_at_random_lose_nothing_double_nothing_and_publish_no_phan
     for key in sorted(set(key_of.values())):
         in_commit_order = [message_id for message_id, k in committed if k == key]
         assert [m for m in order if key_of[m] == key] == in_commit_order, key
+
+
+def test_a_relay_killed_between_the_confirm_and_the_mark_publishes_again_and_the_inbox_dedups(
+    manage: Manage, subprocess_env: dict[str, str]
+) -> None:
+    from django_inbox.outbox import publish
+
+    queue = brokers.new_queue_name("outbox-window")
+    declare(queue)
+    try:
+        ids = [publish("effect.write", {"n": n}, routing_key=queue) for n in range(20)]
+        dying = subprocess.run(
+            [sys.executable, "-m", "tests.procs", "relay-dies-after-confirm", brokers.RABBITMQ],
+            env={**subprocess_env, "OUTBOX_LEASE": "1"}, cwd=ROOT, capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+        assert dying.returncode == -9, dying.stderr[-3000:]
+        # Confirmed by the broker, not marked: still pending, under the dead relay's lease.
+        assert set(OutboxMessage.objects.values_list("status", flat=True)) == {"pending"}
+        time.sleep(1.2)
+        relay = manage("outbox_relay", "--broker", brokers.RABBITMQ, "--until-idle", "1")
+        relayed, err = relay.communicate(timeout=120)
+        assert relay.returncode == 0, err[-3000:]
+        consumer = consume(manage, brokers.RABBITMQ, queue, "--until-idle", "2")
+        consumed, err = consumer.communicate(timeout=120)
+        assert consumer.returncode == 0, err[-3000:]
+    finally:
+        delete(queue)
+    print(f"after the kill: {relayed.strip()}; {consumed.strip()}")
+    assert "sent 20" in relayed
+    assert "acked 40 (duplicate 20, processed 20)" in consumed
+    effects = Counter(Effect.objects.filter(consumer="stream").values_list("message_id", flat=True))
+    assert effects == Counter(ids)
+    assert set(OutboxMessage.objects.values_list("status", flat=True)) == {"sent"}
+
+
+def test_a_rabbitmq_restart_during_a_relay_run_loses_nothing(manage: Manage) -> None:
+    from django_inbox.outbox import publish
+
+    queue = brokers.new_queue_name("outbox-restart")
+    declare(queue)
+    ids = []
+    try:
+        relay = manage(
+            "outbox_relay", "--broker", brokers.RABBITMQ, "--batch-size", "10",
+            "--poll-interval", "0.05", "--until-idle", "6", env={"OUTBOX_LEASE": "3"},
+        )  # fmt: skip
+        for n in range(300):
+            ids.append(publish("effect.write", {"n": n}, routing_key=queue, key=f"k{n % 4}"))
+            if n == 100:
+                subprocess.run(
+                    ["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=120
+                )
+                time.sleep(2)
+                subprocess.run(
+                    ["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120
+                )
+            time.sleep(0.01)
+        relayed, err = relay.communicate(timeout=300)
+        assert relay.returncode == 0, err[-3000:]
+        consumer = consume(manage, brokers.RABBITMQ, queue, "--until-idle", "2")
+        consumed, err = consumer.communicate(timeout=120)
+        assert consumer.returncode == 0, err[-3000:]
+    finally:
+        delete(queue)
+    print(f"restart: {relayed.strip()}; {consumed.strip()}")
+    assert "reconnected" in relayed
+    effects = Counter(Effect.objects.filter(consumer="stream").values_list("message_id", flat=True))
+    assert effects == Counter(ids)  # lost 0, doubled 0
+    assert set(OutboxMessage.objects.values_list("status", flat=True)) == {"sent"}

@@ -81,3 +81,39 @@ def stats() -> dict[str, Any]:
     for problem in collected.problems:
         logger.error("inbox problem: %s", problem.message)
     return collected.as_dict()
+
+
+@shared_task(name="django_inbox.outbox_relay")
+def outbox_relay(
+    broker_url: str | None = None,
+    max_messages: int | None = 10_000,
+    max_seconds: float = 50.0,
+    batch_size: int = 100,
+) -> dict[str, Any]:
+    """Publish the outbox for at most ``max_seconds`` (or ``max_messages``), then return: for
+    teams that run everything under beat. Safe to overlap: relays share the work (``SKIP
+    LOCKED``, a key's oldest row only). Needs ``django_inbox.outbox`` installed and an AMQP
+    broker (``broker_url`` or ``INBOX_BROKER_URL``)."""
+    import threading
+
+    from ...conf import inbox_settings
+    from ...outbox.relay import Relay
+
+    url = broker_url or inbox_settings.broker_url
+    if not url:
+        raise ValueError("outbox_relay: no broker_url and no INBOX_BROKER_URL")
+    relay = Relay(
+        url,
+        batch_size=batch_size,
+        until_idle=1.0,
+        max_messages=max_messages,
+        transport_options=inbox_settings.broker_transport_options,
+    )
+    timer = threading.Timer(max_seconds, relay.shutdown.request)
+    timer.daemon = True
+    timer.start()
+    try:
+        stats = relay.run()
+    finally:
+        timer.cancel()
+    return {"sent": stats.sent, "failed": dict(stats.failed), "reconnects": stats.reconnects}

@@ -35,6 +35,15 @@ class Command(InboxCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
+            "--outbox",
+            action="store_true",
+            help=(
+                "Purge the outbox (django_inbox.outbox) instead: delete sent rows older than "
+                "INBOX_OUTBOX_RETENTION (or --older-than), in batches. Pending and dead rows "
+                "are never deleted."
+            ),
+        )
+        parser.add_argument(
             "--older-than",
             type=seconds,
             default=None,
@@ -74,6 +83,9 @@ class Command(InboxCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.", returncode=MISCONFIGURED)
+        if options["outbox"]:
+            self._purge_outbox(options)
+            return
         statuses = tuple(dict.fromkeys(options["statuses"])) or None
         verbosity = options["verbosity"]
         last_report = time.monotonic()
@@ -111,3 +123,21 @@ class Command(InboxCommand):
                 f"inbox_purge: deleted {counts} in {result.batches:,} batches, "
                 f"{result.elapsed:.1f}s ({result.rate:,.0f} rows/s)"
             )
+
+    def _purge_outbox(self, options: dict[str, Any]) -> None:
+        from django.apps import apps
+
+        if not apps.is_installed("django_inbox.outbox"):
+            raise CommandError(
+                "--outbox: django_inbox.outbox is not in INSTALLED_APPS.", returncode=MISCONFIGURED
+            )
+        if options["statuses"] or options["consumer"] or options["dry_run"]:
+            raise CommandError(
+                "--outbox deletes sent rows only; it takes --older-than and --batch-size.",
+                returncode=MISCONFIGURED,
+            )
+        from ...outbox.services import purge as purge_outbox
+
+        deleted = purge_outbox(older_than=options["older_than"], batch_size=options["batch_size"])
+        if options["verbosity"] >= 1:
+            self.stdout.write(f"inbox_purge --outbox: deleted {deleted:,} sent row(s)")

@@ -135,6 +135,12 @@ def render(stats: InboxStats) -> str:
                 f"{name}: {waiting:,} waiting for an earlier sequence (oldest "
                 f"{_age(consumer.oldest_waiting_age)}), {consumer.parked_gaps:,} parked for a gap"
             )
+    if stats.outbox is not None:
+        outbox = stats.outbox
+        lines.append(
+            f"outbox: {outbox.pending:,} pending (oldest {_age(outbox.oldest_pending_age)}), "
+            f"{outbox.sent:,} sent, {outbox.dead:,} dead"
+        )
     if stats.problems:
         lines.append("")
         lines.append(f"PROBLEMS ({len(stats.problems)}):")

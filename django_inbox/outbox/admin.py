@@ -1,0 +1,97 @@
+"""The outbox's admin: what is pending, sent and dead, and a replay of dead rows."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from ..conf import inbox_settings
+from . import services
+from .models import OutboxMessage
+
+if TYPE_CHECKING:
+    _Base = admin.ModelAdmin[OutboxMessage]
+else:  # ModelAdmin is generic only in the type stubs
+    _Base = admin.ModelAdmin
+
+
+class OutboxMessageAdmin(_Base):
+    list_display = (
+        "message_id", "event_type", "status", "key", "attempts", "age", "error", "cause",
+    )  # fmt: skip
+    list_filter = ("status", "event_type")
+    search_fields = ("=message_id", "=key", "=causation_message_id")
+    ordering = ("-id",)
+    actions = ("replay_dead",)
+    show_full_result_count = False
+    readonly_fields = (
+        "message_id", "event_type", "status", "exchange", "routing_key", "key", "attempts",
+        "last_error", "created_at", "updated_at", "next_attempt_at", "locked_until",
+        "sent_at", "cause",
+    )  # fmt: skip
+
+    def get_fields(self, request: HttpRequest, obj: OutboxMessage | None = None) -> Any:
+        fields = list(self.readonly_fields)
+        if request.user.has_perm("django_inbox_outbox.view_payload_outboxmessage"):
+            fields += ["payload", "headers"]
+        return fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.get_fields(request, obj)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_inbox_outbox.replay_outboxmessage")
+
+    @admin.display(description="age")
+    def age(self, row: OutboxMessage) -> str:
+        seconds = (timezone.now() - row.created_at).total_seconds()
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if seconds >= size:
+                return f"{seconds / size:.0f}{unit}"
+        return f"{seconds:.0f}s"
+
+    @admin.display(description="last error")
+    def error(self, row: OutboxMessage) -> str:
+        return row.last_error[:120]
+
+    @admin.display(description="caused by")
+    def cause(self, row: OutboxMessage) -> str:
+        if not row.causation_message_id:
+            return ""
+        url = reverse("admin:django_inbox_inboxmessage_changelist")
+        query = urlencode({"q": row.causation_message_id})
+        return format_html(
+            '<a href="{}?{}">{} {}</a>', url, query, row.causation_consumer,
+            row.causation_message_id,
+        )  # fmt: skip
+
+    @admin.action(permissions=["replay"], description="Replay dead outbox messages")
+    def replay_dead(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
+        changed = services.replay(queryset)
+        left = queryset.exclude(status=OutboxMessage.Status.PENDING).count()
+        self.message_user(
+            request,
+            f"Replayed {changed} dead outbox message(s): a relay publishes them again with the "
+            "same message id." + (f" {left} selected row(s) were not dead." if left else ""),
+            messages.SUCCESS if changed else messages.WARNING,
+        )
+
+
+if inbox_settings.admin and not admin.site.is_registered(OutboxMessage):
+    admin.site.register(OutboxMessage, OutboxMessageAdmin)

@@ -1,0 +1,130 @@
+"""The outbox's operator side without a broker: stats and problems, the purge, the admin's
+list and replay of dead rows, the command's refusals, and publish() suppressed in re-runs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+from django.utils import timezone
+
+from django_inbox import deliver
+from django_inbox.models import InboxMessage
+from django_inbox.outbox import publish
+from django_inbox.outbox.models import OutboxMessage
+from django_inbox.services import collect, operator, select
+from django_inbox.worker import Worker
+from tests.conftest import handler
+
+pytestmark = pytest.mark.django_db(transaction=True)
+Status = OutboxMessage.Status
+CHANGELIST = "/admin/django_inbox_outbox/outboxmessage/"
+
+
+def rows(n: int, **changes: Any) -> list[str]:
+    ids = [publish("order.placed", {"n": i}, routing_key="orders") for i in range(n)]
+    if changes:
+        OutboxMessage.objects.filter(message_id__in=ids).update(**changes)
+    return [i for i in ids if i is not None]
+
+
+def test_stats_count_the_outbox_and_report_dead_rows_and_lag() -> None:
+    rows(3)
+    rows(2, status=Status.DEAD, last_error="unroutable")
+    rows(1, status=Status.SENT, sent_at=timezone.now())
+    OutboxMessage.objects.filter(status=Status.PENDING).update(
+        created_at=timezone.now() - timedelta(minutes=30)
+    )
+    stats = collect(max_pending_age=60)
+    assert (stats.outbox.pending, stats.outbox.dead, stats.outbox.sent) == (3, 2, 1)
+    assert stats.outbox.oldest_pending_age >= 1800
+    kinds = {problem.kind for problem in stats.problems}
+    assert {"outbox_dead", "outbox_lag"} <= kinds
+    assert stats.as_dict()["outbox"]["pending"] == 3
+    assert not {"outbox_dead", "outbox_lag"} & {
+        p.kind for p in collect(max_pending_age=60, ignore=("outbox_dead", "outbox_lag")).problems
+    }
+
+
+def test_inbox_stats_prints_the_outbox(capsys: Any) -> None:
+    rows(2)
+    with pytest.raises(CommandError):  # a pending row older than the limit is a problem
+        OutboxMessage.objects.update(created_at=timezone.now() - timedelta(hours=2))
+        call_command("inbox_stats")
+    assert "outbox: 2 pending" in capsys.readouterr().out
+
+
+def test_purge_outbox_deletes_old_sent_rows_only() -> None:
+    old = timezone.now() - timedelta(days=8)
+    rows(3, status=Status.SENT, sent_at=old)
+    rows(2, status=Status.SENT, sent_at=timezone.now())
+    rows(1, status=Status.DEAD)
+    rows(1)
+    call_command("inbox_purge", "--outbox", "--batch-size", "2")
+    assert sorted(OutboxMessage.objects.values_list("status", flat=True)) == [
+        "dead", "pending", "sent", "sent"
+    ]  # fmt: skip
+    with pytest.raises(CommandError, match="sent rows only"):
+        call_command("inbox_purge", "--outbox", "--status", "dead")
+
+
+def test_the_admin_lists_rows_and_replays_dead_ones_with_their_message_id() -> None:
+    dead = rows(2, status=Status.DEAD, attempts=10, last_error="unroutable: no queue")
+    rows(1)
+    user = User.objects.create_user("ops", password="pw", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_outboxmessage", "replay_outboxmessage"])
+    )
+    client = Client()
+    client.force_login(user)
+    page = client.get(CHANGELIST)
+    assert page.status_code == 200
+    assert "unroutable: no queue" in page.content.decode()
+    detail = client.get(f"{CHANGELIST}{OutboxMessage.objects.first().pk}/change/")
+    assert detail.status_code == 200 and "&quot;n&quot;" not in detail.content.decode()
+    selected = list(OutboxMessage.objects.values_list("pk", flat=True))
+    done = client.post(CHANGELIST, {"action": "replay_dead", "_selected_action": selected})
+    assert done.status_code == 302
+    replayed = OutboxMessage.objects.filter(message_id__in=dead)
+    assert set(replayed.values_list("status", "attempts")) == {(Status.PENDING, 0)}
+
+
+def test_the_admin_does_not_offer_the_replay_without_its_permission() -> None:
+    rows(1, status=Status.DEAD)
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_outboxmessage"))
+    client = Client()
+    client.force_login(user)
+    assert "replay_dead" not in client.get(CHANGELIST).content.decode()
+
+
+def test_the_relay_command_refuses_what_it_cannot_use() -> None:
+    with pytest.raises(CommandError, match="not an AMQP URL"):
+        call_command("outbox_relay", "--broker", "redis://127.0.0.1:6379/0")
+    with pytest.raises(CommandError, match="batch-size"):
+        call_command("outbox_relay", "--broker", "amqp://x", "--batch-size", "0")
+
+
+def _publishing(message: Any) -> None:
+    publish("receipt.due", {"order": message.payload["order"]}, routing_key="receipts")
+
+
+def test_publish_is_a_side_effect_suppressed_in_a_suppressing_rerun() -> None:
+    with handler("order.paid", "notify", _publishing):
+        deliver(consumer="notify", message_id="p1", event_type="order.paid", payload={"order": 1})
+        assert OutboxMessage.objects.count() == 1
+        operator.replay(
+            select(message_ids=["p1"], statuses=["completed"]), force=True, actor="ops",
+            reason="rebuild",
+        )  # fmt: skip
+        Worker(["notify"], until_idle=0, poll_interval=0.01).run()
+    assert OutboxMessage.objects.count() == 1  # the re-run published nothing
+    row = InboxMessage.objects.get(message_id="p1")
+    assert [(e["function"], e["calls"]) for e in row.history if e["kind"] == "suppressed"] == [
+        ("django_inbox.outbox.publish", 1)
+    ]
