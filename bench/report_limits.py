@@ -174,11 +174,36 @@ class Limits(ReportData):
             )
         )
 
+    def limit_outbox(self) -> str | None:
+        if not self.median("outbox_relay"):
+            return None
+        bare_wall, _, _ = self.split("outbox_bare_tx")
+        pub_wall, pub_client, pub_server = self.split("outbox_publish")
+        relay = self.data["figures"].get("outbox_relay", {})
+        lag = (
+            f" Under a steady load ({_f(relay.get('lag_rate'))} rows/s written), a row is sent "
+            f"{_f(relay.get('lag_p50_ms'))} ms after it was written (p50), "
+            f"{_f(relay.get('lag_p99_ms'))} ms (p99)."
+            if relay.get("lag_p50_ms") is not None
+            else ""
+        )
+        return (
+            f"- **8. outbox: a business transaction with `publish()` = {_f(pub_wall)} µs against "
+            f"{_f(bare_wall)} without** ({_f(pub_client)} µs client CPU, {_f(pub_server)} µs "
+            "PostgreSQL CPU with it): one more round trip, the prepared `INSERT` of the row and "
+            "its four index entries. **The relay publishes "
+            f"{_f(self.median('outbox_relay'))} msg/s against "
+            f"{_f(self.median('outbox_kombu'))} for a plain kombu producer** waiting for each "
+            "confirm: the relay publishes a batch of 100, then waits for their confirms "
+            "together, and marks them sent in one `UPDATE`." + lag
+        )
+
     def limits(self) -> list[str]:
         found = [
             self.limit_deliver(),
             self.limit_drain(),
             self.limit_ordered(),
+            self.limit_outbox(),
             self.limit_duplicates(),
             self.limit_store(),
             *self.limit_consume(),

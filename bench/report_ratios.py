@@ -62,6 +62,18 @@ RATIOS = [
         "drain_unordered",
         "ordered_unordered",
     ),
+    (
+        "outbox: transaction with publish() / the same transaction without it",
+        "outbox_publish",
+        "outbox_bare_tx",
+        "publish_overhead",
+    ),
+    (
+        "outbox: relay (batched confirms, rows marked sent) / plain kombu producer with confirms",
+        "outbox_relay",
+        "outbox_kombu",
+        "relay_kombu",
+    ),
 ]
 
 

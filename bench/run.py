@@ -29,6 +29,10 @@ whether other work shared the cores. Then it counts round trips per operation on
 (libpq trace), times the worker's reconnects, profiles ``deliver()`` and the drain with
 cProfile, and writes ``bench/results/latest.json`` and ``latest.md``. Then:
 
+8. The outbox (``bench/outbox.py``): a business transaction with and without ``publish()``;
+   the relay against a plain kombu producer with confirms; the relay's lag (written → sent)
+   under a steady 1,000 rows/s.
+
 6. Storage and dedup by table size: bytes per row (heap, TOAST, each index) at 1,000,000 and
    ``BENCH_SCALE_ROWS`` completed rows, and the duplicate rate there against 10,000 rows.
 7. Memory: ``inbox_consume``'s RSS with a ``BENCH_MEMORY_BACKLOG`` backlog at prefetch 100,
@@ -86,6 +90,7 @@ from bench.drain import bench_drain
 from bench.drain_compared import bench_drain_compared
 from bench.memory import bench_memory
 from bench.ordered import bench_ordered
+from bench.outbox import bench_outbox
 from bench.profiles import profiles
 from bench.round_trips import round_trips
 from bench.scale import bench_scale
@@ -117,6 +122,7 @@ def main() -> int:
         figures.update(bench_drain())
         figures.update(bench_drain_compared())
         figures.update(bench_ordered())
+        figures.update(bench_outbox())
         consume_figures, consume = bench_consume()
         figures.update(consume_figures)
         wire = round_trips()

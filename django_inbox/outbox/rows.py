@@ -45,20 +45,23 @@ def claim(limit: int, using: str, *, now: datetime | None = None) -> tuple[str, 
     Of a key's pending rows only the oldest can be claimed: the next one waits until it is
     sent (or dead), so a key's messages are published one at a time, in the order written,
     whatever the number of relays. Rows another relay holds are skipped (``SKIP LOCKED``).
-    Returns the lease id and the rows in the order written.
+    Returns the lease id and the rows in the order written (by primary key).
     """
     now = now or timezone.now()
     lease_id = str(uuid.uuid4())
     until = now + timedelta(seconds=outbox_settings.lease)
-    earlier = OutboxMessage.objects.using(using).filter(
-        key=OuterRef("key"), status=Status.PENDING, pk__lt=OuterRef("pk")
+    # ``key != ''`` lets PostgreSQL use the partial index on a key's pending rows.
+    earlier = (
+        OutboxMessage.objects.using(using)
+        .filter(key=OuterRef("key"), status=Status.PENDING, pk__lt=OuterRef("pk"))
+        .exclude(key="")
     )
     rows = (
         OutboxMessage.objects.using(using)
         .filter(status=Status.PENDING, next_attempt_at__lte=now)
         .filter(Q(locked_until__isnull=True) | Q(locked_until__lt=now))
         .filter(Q(key="") | ~Exists(earlier))
-        .order_by("pk")
+        .order_by("next_attempt_at", "pk")  # the pending index's order: LIMIT stops early
     )
     features = connections[using].features
     with transaction.atomic(using=using):
@@ -82,7 +85,7 @@ def claim(limit: int, using: str, *, now: datetime | None = None) -> tuple[str, 
         )
     return lease_id, [
         Claimed(pk, message_id, event_type, payload, headers or {}, exchange, routing, key, n + 1)
-        for pk, message_id, event_type, payload, headers, exchange, routing, key, n in found
+        for pk, message_id, event_type, payload, headers, exchange, routing, key, n in sorted(found)
     ]
 
 

@@ -1,0 +1,160 @@
+"""Figure 8: the outbox companion, same run, same machine.
+
+- ``publish()`` inside a business transaction against the same transaction without it: the
+  transaction updates one stock row (the benchmark's handler statement); with the outbox it
+  also writes the outbox row. Interleaved A B A B, ``N`` transactions each.
+- The relay (``Relay.run()`` in this process, batches of 100, publisher confirms) publishing
+  ``N`` pending rows to a RabbitMQ queue, against a plain kombu producer publishing the same
+  messages with confirms (kombu's ``confirm_publish``: one confirm per message), interleaved.
+- The relay's lag under a steady load: rows written at 1,000 per second for 10 seconds while a
+  relay runs in a thread; each row's time from ``created_at`` to ``sent_at``, p50 and p99.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from bench.config import BROKERS, RUNS, N, log
+from bench.timing import Series, django_backend_pid, measuring, payload
+
+QUEUE = "inbox-bench-outbox"
+
+
+def _queue(declare: bool) -> None:
+    from kombu import Connection, Queue
+
+    with Connection(BROKERS["rabbitmq"]) as connection:
+        queue = Queue(QUEUE, routing_key=QUEUE, durable=True)(connection.default_channel)
+        if declare:
+            queue.declare()
+            queue.purge()
+        else:
+            queue.delete()
+
+
+def _truncate_outbox() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE django_inbox_outbox_outboxmessage")
+
+
+def bench_outbox() -> dict[str, Series]:
+    from django.db import transaction
+    from django.db.models import F
+    from kombu import Connection
+    from shop.models import Stock
+
+    from django_inbox.outbox import publish
+    from django_inbox.outbox.relay import Relay
+
+    log(f"\n== 8. outbox: publish() in a transaction, relay vs kombu with confirms ({RUNS} runs)")
+    series = {
+        "outbox_bare_tx": Series(f"business transaction (one UPDATE), {N} transactions"),
+        "outbox_publish": Series(f"the same transaction + publish(), {N} transactions"),
+        "outbox_relay": Series(f"relay: {N} rows published with confirms, marked sent"),
+        "outbox_kombu": Series(f"plain kombu producer with confirms, {N} messages"),
+    }
+    backend = django_backend_pid()
+    _queue(declare=True)
+
+    def business(i: int, with_outbox: bool) -> None:
+        body = payload(i)
+        with transaction.atomic():
+            Stock.objects.filter(sku=body["sku"]).update(qty=F("qty") - 1)
+            if with_outbox:
+                publish("bench.taken", body, routing_key=QUEUE, key=body["sku"])
+
+    try:
+        for _ in range(RUNS):
+            for name, with_outbox in (("outbox_bare_tx", False), ("outbox_publish", True)):
+                _truncate_outbox()
+                for i in range(200):  # warm up
+                    business(10**8 + i, with_outbox)
+                _truncate_outbox()
+                with measuring(series[name], N, backend):
+                    for i in range(N):
+                        business(i, with_outbox)
+            # The rows the publish() run left are what the relay sends.
+            relay = Relay(BROKERS["rabbitmq"], until_idle=0, poll_interval=0.01, batch_size=100)
+            with measuring(series["outbox_relay"], N, backend):
+                stats = relay.run()
+            if stats.sent != N:
+                raise RuntimeError(f"relay sent {stats.sent} of {N}")
+            with Connection(
+                BROKERS["rabbitmq"], transport_options={"confirm_publish": True}
+            ) as connection:
+                producer = connection.Producer()
+                bodies = [json.dumps(payload(i)) for i in range(N)]
+                with measuring(series["outbox_kombu"], N, None):
+                    for i, body in enumerate(bodies):
+                        producer.publish(
+                            body, routing_key=QUEUE, content_type="application/json",
+                            content_encoding="utf-8", message_id=f"k{i}", type="bench.taken",
+                            delivery_mode=2, mandatory=True,
+                        )  # fmt: skip
+            _queue(declare=True)  # empty it
+            rates = [f"{s.rates[-1]:7.0f}" for s in series.values()]
+            log(
+                f"   bare tx {rates[0]}, + publish {rates[1]}, relay {rates[2]}, "
+                f"kombu {rates[3]} /s"
+            )
+        series["outbox_relay"].extra.update(lag(Relay))
+    finally:
+        _truncate_outbox()
+        _queue(declare=False)
+    return series
+
+
+def lag(relay_class: Any, rate: int = 1000, seconds: float = 10.0) -> dict[str, float]:
+    """Write ``rate`` rows a second for ``seconds`` while a relay runs; the rows' time from
+    written to sent (ms), p50 and p99."""
+    from django.db import connections
+
+    from django_inbox.outbox import publish
+    from django_inbox.outbox.models import OutboxMessage
+
+    _truncate_outbox()
+    relay = relay_class(BROKERS["rabbitmq"], until_idle=None, poll_interval=0.01)
+
+    def run_relay() -> None:
+        try:
+            relay.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run_relay, daemon=True)
+    thread.start()
+    total = int(rate * seconds)
+    started = time.perf_counter()
+    for i in range(total):
+        publish("bench.lag", {"i": i}, routing_key=QUEUE)
+        pause = started + (i + 1) / rate - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+    written_for = time.perf_counter() - started
+    deadline = time.monotonic() + 60
+    while OutboxMessage.objects.filter(status="pending").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    relay.shutdown.request()
+    thread.join(timeout=30)
+    delays = sorted(
+        (sent - created).total_seconds() * 1000
+        for created, sent in OutboxMessage.objects.values_list("created_at", "sent_at")
+        if sent is not None
+    )
+    if len(delays) < total:
+        raise RuntimeError(f"lag: {len(delays)} of {total} rows sent")
+    result = {
+        "lag_rate": round(total / written_for, 1),
+        "lag_p50_ms": round(delays[len(delays) // 2], 1),
+        "lag_p99_ms": round(delays[int(len(delays) * 0.99) - 1], 1),
+    }
+    log(
+        f"   relay lag at {result['lag_rate']:.0f} rows/s written: p50 {result['lag_p50_ms']} ms, "
+        f"p99 {result['lag_p99_ms']} ms"
+    )
+    return result
