@@ -432,3 +432,35 @@ def test_reclaim_and_purge_tasks_run_in_the_worker(
 
 
 # --- 4. the schedule itself ---------------------------------------------------------------------
+
+
+def test_the_outbox_relay_task_publishes_for_a_bounded_time(
+    celery_procs: CeleryProcesses, celery_app: Any
+) -> None:
+    from kombu import Connection, Queue
+
+    from django_inbox.contrib.celery.tasks import outbox_relay
+    from django_inbox.outbox import publish
+    from django_inbox.outbox.models import OutboxMessage
+    from tests import brokers
+
+    queue = brokers.new_queue_name("outbox-celery")
+    with Connection(brokers.RABBITMQ) as connection:
+        Queue(queue, routing_key=queue, durable=True)(connection.default_channel).declare()
+    try:
+        ids = [publish("effect.write", {"n": n}, routing_key=queue) for n in range(50)]
+        celery_procs.worker()
+        result = outbox_relay.apply_async(
+            kwargs={"broker_url": brokers.RABBITMQ, "max_seconds": 20.0}, queue=celery_procs.queue
+        ).get(timeout=90)
+        assert result == {"sent": 50, "failed": {}, "reconnects": 0}, celery_procs.logs_text()
+        assert set(OutboxMessage.objects.values_list("status", flat=True)) == {"sent"}
+        with Connection(brokers.RABBITMQ) as connection:
+            channel = connection.default_channel
+            got = []
+            while (message := channel.basic_get(queue, no_ack=True)) is not None:
+                got.append(message.properties["message_id"])
+        assert got == ids
+    finally:
+        with Connection(brokers.RABBITMQ) as connection:
+            Queue(queue)(connection.default_channel).delete()
