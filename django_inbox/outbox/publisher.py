@@ -34,6 +34,9 @@ class BatchResult:
     failed: dict[int, str] = field(default_factory=dict)
     #: Rows whose fate is unknown (the connection broke first): publish them again.
     unknown: list[int] = field(default_factory=list)
+    #: Rows that cannot be made into an AMQP message at all (a header value AMQP cannot
+    #: carry): dead at once, with the reason.
+    unsendable: dict[int, str] = field(default_factory=dict)
 
 
 class BrokerGone(Exception):
@@ -115,21 +118,28 @@ class Publisher:
         rows = list(rows)
         try:
             for row in rows:
-                message = amqp.Message(
-                    body=json.dumps(row.payload, ensure_ascii=False, separators=(",", ":")),
-                    content_type="application/json",
-                    content_encoding="utf-8",
-                    message_id=row.message_id,
-                    type=row.event_type,
-                    delivery_mode=2,
-                    application_headers=dict(row.headers),
-                )
+                try:
+                    message = _message(row)
+                except Exception as exc:  # not encodable as AMQP: it never will be
+                    result.unsendable[row.pk] = (
+                        f"cannot be published: {type(exc).__name__}: {exc}"
+                    )[:500]
+                    continue
                 self._tag += 1
                 tags[self._tag] = row
                 self.channel.basic_publish(
                     message, exchange=row.exchange, routing_key=row.routing_key, mandatory=True
                 )
             self._await(set(tags))
+            # Settled inside the try: the ``finally`` below forgets this batch's tags.
+            for tag, row in tags.items():
+                if row.message_id in self._returned:
+                    result.failed[row.pk] = self._returned[row.message_id]
+                elif tag in self._nacked:
+                    result.failed[row.pk] = "the broker refused it (negative acknowledgement)"
+                else:
+                    result.confirmed.append(row.pk)
+            return result
         except amqp.exceptions.ChannelError as exc:
             # The broker closed the channel (an exchange that does not exist, a refused
             # message). Alone, the row is the one refused; in a batch, the rows without a
@@ -139,7 +149,9 @@ class Publisher:
                 for tag, row in tags.items()
                 if tag in self._acked and row.message_id not in self._returned
             ]
-            unconfirmed = [row for row in rows if row.pk not in confirmed]
+            unconfirmed = [
+                row for row in rows if row.pk not in confirmed and row.pk not in result.unsendable
+            ]
             result.confirmed = confirmed
             self._reopen()
             if len(rows) == 1:
@@ -155,6 +167,7 @@ class Publisher:
                     raise BrokerGone(str(gone), result) from gone
                 result.confirmed += alone.confirmed
                 result.failed.update(alone.failed)
+                result.unsendable.update(alone.unsendable)
             return result
         except (TimeoutError, OSError, amqp.exceptions.ConnectionError) as exc:
             for tag, row in tags.items():
@@ -162,22 +175,17 @@ class Publisher:
                     result.confirmed.append(row.pk)
                 else:
                     result.unknown.append(row.pk)
-            result.unknown += [row.pk for row in rows[len(tags) :]]
+            settled = {*result.confirmed, *result.unknown, *result.unsendable}
+            result.unknown += [row.pk for row in rows if row.pk not in settled]
             raise BrokerGone(str(exc) or type(exc).__name__, result) from exc
         finally:
             # Delivery tags are never reused on a channel: forget this batch's.
             self._acked.difference_update(tags)
             self._nacked.difference_update(tags)
-        for tag, row in tags.items():
-            if row.message_id in self._returned:
-                result.failed[row.pk] = self._returned[row.message_id]
-            elif tag in self._nacked:
-                result.failed[row.pk] = "the broker refused it (negative acknowledgement)"
-            else:
-                result.confirmed.append(row.pk)
-        return result
 
     def _await(self, tags: set[int]) -> None:
+        if not tags:
+            return
         deadline = time.monotonic() + self.timeout
         while not tags <= (self._acked | self._nacked):
             left = deadline - time.monotonic()
@@ -193,3 +201,21 @@ class Publisher:
             self._open_channel()
         except Exception as exc:
             raise BrokerGone(f"could not reopen a channel: {exc}") from exc
+
+
+def _message(row: Claimed) -> Any:
+    """The AMQP message of ``row``, encoded now (so that a value AMQP cannot carry raises
+    here, before anything is written to the connection)."""
+    import amqp
+
+    message = amqp.Message(
+        body=json.dumps(row.payload, ensure_ascii=False, separators=(",", ":")),
+        content_type="application/json",
+        content_encoding="utf-8",
+        message_id=row.message_id,
+        type=row.event_type,
+        delivery_mode=2,
+        application_headers=dict(row.headers),
+    )
+    message._serialize_properties()  # raises for a header value AMQP cannot encode
+    return message

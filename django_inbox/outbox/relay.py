@@ -131,7 +131,10 @@ class Relay:
             result = self._publisher.publish(claimed)
         except BrokerGone as gone:
             self.stats.sent += rows.mark_sent(gone.result.confirmed, lease_id, self.using)
-            settled = set(gone.result.confirmed)
+            by_pk = {row.pk: row for row in claimed}
+            for pk, error in gone.result.unsendable.items():
+                self.stats.failed[rows.fail(by_pk[pk], lease_id, error, self.using, dead=True)] += 1
+            settled = {*gone.result.confirmed, *gone.result.unsendable}
             rows.give_back(
                 [row.pk for row in claimed if row.pk not in settled], lease_id, self.using
             )
@@ -142,8 +145,10 @@ class Relay:
             return len(claimed)
         self.stats.sent += rows.mark_sent(result.confirmed, lease_id, self.using)
         by_pk = {row.pk: row for row in claimed}
-        for pk, error in result.failed.items():
-            status = rows.fail(by_pk[pk], lease_id, error, self.using)
+        failures = [(pk, error, False) for pk, error in result.failed.items()]
+        failures += [(pk, error, True) for pk, error in result.unsendable.items()]
+        for pk, error, never in failures:
+            status = rows.fail(by_pk[pk], lease_id, error, self.using, dead=never)
             self.stats.failed[status] += 1
             log = logger.error if status == "dead" else logger.warning
             log(

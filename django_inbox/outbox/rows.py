@@ -116,13 +116,13 @@ def backoff(attempts: int) -> float:
     return random.uniform(0, ceiling)
 
 
-def fail(row: Claimed, lease_id: str, error: str, using: str) -> str:
+def fail(row: Claimed, lease_id: str, error: str, using: str, *, dead: bool = False) -> str:
     """A publication of ``row`` failed: ``pending`` again after a backoff, or ``dead`` once its
-    attempts are used up. Returns the new status."""
+    attempts are used up (or at once with ``dead``). Returns the new status."""
     now = timezone.now()
-    dead = row.attempts >= outbox_settings.max_attempts
+    dead = dead or row.attempts >= outbox_settings.max_attempts
     reason = storable(error)[:MAX_ERROR]
-    if dead:
+    if dead and row.attempts >= outbox_settings.max_attempts:
         reason = f"{reason} (giving up after {row.attempts} attempts)"[:MAX_ERROR]
     OutboxMessage.objects.using(using).filter(pk=row.pk, lease_id=lease_id).update(
         status=Status.DEAD if dead else Status.PENDING,

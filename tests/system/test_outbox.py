@@ -139,3 +139,42 @@ def test_a_keys_rows_are_published_in_the_order_written(queue: str) -> None:
     for _, _, body in received(queue):
         by_key.setdefault(f"k{body['n'] % 3}", []).append(body["n"])
     assert by_key == {f"k{k}": list(range(k, 30, 3)) for k in range(3)}
+
+
+def test_messages_the_broker_nacks_are_not_sent() -> None:
+    """A queue that rejects publications past its length makes RabbitMQ nack them."""
+    name = brokers.new_queue_name("outbox-full")
+    arguments = {"x-max-length": 2, "x-overflow": "reject-publish"}
+    with Connection(brokers.RABBITMQ) as connection:
+        Queue(name, routing_key=name, durable=True, queue_arguments=arguments)(
+            connection.default_channel
+        ).declare()
+    try:
+        with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=1):
+            for n in range(5):
+                publish("x", {"n": n}, routing_key=name)
+            stats = Relay(brokers.RABBITMQ, until_idle=0.5, poll_interval=0.01).run()
+        statuses = list(OutboxMessage.objects.order_by("id").values_list("status", flat=True))
+        assert statuses == ["sent", "sent", "dead", "dead", "dead"]
+        assert stats.sent == 2
+        assert all(
+            "negative acknowledgement" in error
+            for error in OutboxMessage.objects.filter(status=Status.DEAD).values_list(
+                "last_error", flat=True
+            )
+        )
+        assert [body["n"] for _, _, body in received(name)] == [0, 1]
+    finally:
+        with Connection(brokers.RABBITMQ) as connection:
+            Queue(name)(connection.default_channel).delete()
+
+
+def test_a_header_amqp_cannot_carry_is_dead_at_once_and_its_batch_goes_on(queue: str) -> None:
+    publish("a", {"n": 1}, routing_key=queue)
+    publish("b", {"n": 2}, routing_key=queue, headers={"huge": 2**70})
+    publish("c", {"n": 3}, routing_key=queue)
+    stats = relay().run()
+    refused = OutboxMessage.objects.get(event_type="b")
+    assert refused.status == Status.DEAD and refused.attempts == 1
+    assert "cannot be published" in refused.last_error
+    assert stats.sent == 2 and [p["type"] for p, _, _ in received(queue)] == ["a", "c"]
