@@ -19,7 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import DatabaseError, connections
+
 from ..conf import inbox_settings
+from ..db.connection import connection_lost
 from ..shutdown import Shutdown
 from . import rows
 from .publisher import BrokerGone, Publisher
@@ -84,7 +87,18 @@ class Relay:
             while not self.shutdown.requested and not self._enough():
                 if not self._connected():
                     continue
-                done = self.run_once()
+                try:
+                    done = self.run_once()
+                except DatabaseError as exc:
+                    if not connection_lost(exc, self.using):
+                        raise
+                    # The database went away: what was claimed comes back after its lease.
+                    logger.warning("outbox relay: lost the database (%s); retrying", exc)
+                    connections[self.using].close()
+                    self.shutdown.wait(self._reconnect_delay)
+                    self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
+                    continue
+                self._reconnect_delay = RECONNECT_FIRST
                 if done:
                     idle_since = time.monotonic()
                     continue

@@ -195,3 +195,38 @@ def test_a_rabbitmq_restart_during_a_relay_run_loses_nothing(manage: Manage) -> 
     effects = Counter(Effect.objects.filter(consumer="stream").values_list("message_id", flat=True))
     assert effects == Counter(ids)  # lost 0, doubled 0
     assert set(OutboxMessage.objects.values_list("status", flat=True)) == {"sent"}
+
+
+def test_a_relay_whose_database_connection_is_killed_goes_on(manage: Manage) -> None:
+    from django.db import connection
+
+    from django_inbox.outbox import publish
+
+    queue = brokers.new_queue_name("outbox-dbkill")
+    declare(queue)
+    try:
+        relay = manage(
+            "outbox_relay", "--broker", brokers.RABBITMQ, "--poll-interval", "0.05",
+            "--until-idle", "4", env={"OUTBOX_LEASE": "2"},
+        )  # fmt: skip
+        ids = []
+        for n in range(200):
+            ids.append(publish("effect.write", {"n": n}, routing_key=queue))
+            if n in (50, 120):  # the server ends every other session (as a restart would)
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+            time.sleep(0.01)
+        relayed, err = relay.communicate(timeout=300)
+        assert relay.returncode == 0, err[-3000:]
+        consumer = consume(manage, brokers.RABBITMQ, queue, "--until-idle", "2")
+        consumed, err = consumer.communicate(timeout=120)
+        assert consumer.returncode == 0, err[-3000:]
+    finally:
+        delete(queue)
+    print(f"database connections killed: {relayed.strip()}; {consumed.strip()}")
+    effects = Counter(Effect.objects.filter(consumer="stream").values_list("message_id", flat=True))
+    assert effects == Counter(ids)
+    assert set(OutboxMessage.objects.values_list("status", flat=True)) == {"sent"}
