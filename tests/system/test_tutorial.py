@@ -25,10 +25,11 @@ from tests.tutorial_support.tutorial import (
     Run,
     TutorialError,
     broker_problem,
-    delete_queue,
+    delete_queues,
     new_queue,
     normalise,
     parse,
+    read_pages,
 )
 
 BROKER = os.environ.get("INBOX_TEST_RABBITMQ", PAGE_BROKER)
@@ -39,12 +40,12 @@ def test_the_tutorial_runs_as_written_and_applies_each_order_once(tmp_path: Path
     problem = broker_problem(BROKER)
     if problem:
         pytest.skip(f"the tutorial needs RabbitMQ: {problem}")
-    steps = parse(TUTORIAL.read_text())
+    steps = read_pages()  # part 1, then part 2 (the outbox) in the same project
     run = Run(tmp_path.resolve(), new_queue(), BROKER)
     try:
         run.run(steps)  # raises at the first command that fails or prints otherwise
     finally:
-        delete_queue(BROKER, run.queue)
+        delete_queues(run)
 
     # The run was isolated: the page's queue was renamed in the consumer commands and in
     # publish.py, and nothing but this run published to it.
@@ -75,15 +76,30 @@ def test_the_tutorial_runs_as_written_and_applies_each_order_once(tmp_path: Path
                 "SELECT message_id, status, attempts FROM django_inbox_inboxmessage"
             )
         }
-    # A1: 10 - 3 (order-1, published twice) - 2 (order-2, killed once) = 5; order-4 (0) dead.
-    # B2: 5 - 1 (order-3, failed once, retried).
-    assert stock == {"A1": 5, "B2": 4}
-    assert rows == {
+        outbox = list(
+            db.execute("SELECT event_type, status, causation_message_id FROM "
+                       "django_inbox_outbox_outboxmessage")
+        )  # fmt: skip
+    # A1: 10 - 3 (order-1, published twice) - 2 (order-2, killed once) - 1 (order-5) = 4;
+    # order-4 (0) dead. B2: 5 - 1 (order-3, failed once, retried). C3 does not exist.
+    assert stock == {"A1": 4, "B2": 4}
+    inbox = {message_id: row for message_id, row in rows.items() if message_id.startswith("order")}
+    assert inbox == {
         "order-1": ("completed", 1),
         "order-2": ("completed", 2),
         "order-3": ("completed", 2),
         "order-4": ("dead", 1),
+        "order-5": ("completed", 1),
+        "order-6": ("failed", 1),
     }
+    # Part 2: one event, for order-5 (order-6's was rolled back with its failure), published
+    # twice and run once by the shipping consumer.
+    assert outbox == [("stock.reserved", "sent", "order-5")]
+    shipping = [row for message_id, row in rows.items() if not message_id.startswith("order")]
+    assert shipping == [("completed", 1)]
+    assert any(
+        "(duplicate 1)" in line for r in consumes if "shipping" in r.ran for line in r.output
+    )
     assert not (run.cwd / "power-cut").exists()
 
 

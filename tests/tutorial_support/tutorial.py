@@ -1,5 +1,5 @@
-"""Run docs/tutorial.md as it is written: its files written, its commands run, their outputs
-compared with what the page shows.
+"""Run docs/tutorial.md and its part 2, docs/tutorial-outbox.md, as they are written: their
+files written, their commands run, their outputs compared with what the pages show.
 
 The page's conventions, which :func:`parse` enforces (anything else fails, so no block of the
 page goes untested):
@@ -50,11 +50,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TUTORIAL = ROOT / "docs" / "tutorial.md"
+#: Part 2 (the outbox) continues in part 1's project: the two run as one page.
+TUTORIAL_OUTBOX = ROOT / "docs" / "tutorial-outbox.md"
+PAGES = (TUTORIAL, TUTORIAL_OUTBOX)
 #: The virtualenv the tests run in: its bin directory goes first on the commands' PATH.
 VENV = Path(sys.prefix)
 #: The broker URL and the queue as the page writes them.
 PAGE_BROKER = "amqp://guest:guest@localhost:5672//"
 PAGE_QUEUE = "orders"
+#: Part 2's second queue (the shipping service's), renamed the same way.
+PAGE_QUEUE_2 = "parcels"
 
 FENCE = re.compile(r"^```(?P<info>.*)$")
 FILE_MARKER = re.compile(r"^# (?P<append>at the end of )?(?P<path>[\w./-]+)$")
@@ -191,6 +196,7 @@ class Run:
 
     def __post_init__(self) -> None:
         self.cwd = self.workdir
+        self.queue_2 = self.queue.replace(PAGE_QUEUE, PAGE_QUEUE_2, 1)
         self.env = {
             "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
             "VIRTUAL_ENV": str(VENV),
@@ -224,19 +230,27 @@ class Run:
 
     # -- the page's text, adapted -------------------------------------------------------
 
+    @property
+    def queues(self) -> dict[str, str]:
+        """The page's queue names and this run's."""
+        return {PAGE_QUEUE: self.queue, PAGE_QUEUE_2: self.queue_2}
+
     def adapt_command(self, text: str) -> str:
-        text, count = re.subn(rf"--queue {PAGE_QUEUE}(?=\s|$)", f"--queue {self.queue}", text)
-        self.replaced["queue"] += count
+        for page, ours in self.queues.items():
+            text, count = re.subn(rf"--queue {page}(?=\s|$)", f"--queue {ours}", text)
+            self.replaced["queue"] += count
         return self._broker(text)
 
     def adapt_file(self, content: str) -> str:
-        content, count = re.subn(rf"([\"']){PAGE_QUEUE}\1", rf"\g<1>{self.queue}\1", content)
-        self.replaced["queue in files"] += count
+        for page, ours in self.queues.items():
+            content, count = re.subn(rf"([\"']){page}\1", rf"\g<1>{ours}\1", content)
+            self.replaced["queue in files"] += count
         return self._broker(content)
 
     def adapt_output(self, line: str) -> str:
-        """What a command printed, with this run's queue and broker shown as the page's."""
-        line = re.sub(rf"'{re.escape(self.queue)}'", f"'{PAGE_QUEUE}'", line)
+        """What a command printed, with this run's queues and broker shown as the page's."""
+        for page, ours in self.queues.items():
+            line = re.sub(rf"'{re.escape(ours)}'", f"'{page}'", line)
         if self.broker != PAGE_BROKER:
             line = line.replace(_masked(self.broker), _masked(PAGE_BROKER))
         return line
@@ -402,6 +416,16 @@ def delete_queue(url: str, queue: str) -> None:
         Queue(queue, routing_key=queue, durable=True)(connection.default_channel).delete()
 
 
+def delete_queues(run: Run) -> None:
+    for queue in run.queues.values():
+        delete_queue(run.broker, queue)
+
+
+def read_pages() -> list[Step]:
+    """Part 1 and part 2, as one page (part 2 continues in part 1's project)."""
+    return [step for page in PAGES for step in parse(page.read_text())]
+
+
 def new_queue() -> str:
     return f"tutorial-{PAGE_QUEUE}-{uuid.uuid4().hex[:10]}"
 
@@ -412,9 +436,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tutorial-") as workdir:
         run = Run(Path(workdir).resolve(), new_queue(), broker)
         try:
-            run.run(parse(TUTORIAL.read_text()), echo=lambda text: print(text, end=""))
+            run.run(read_pages(), echo=lambda text: print(text, end=""))
         finally:
-            delete_queue(broker, run.queue)
+            delete_queues(run)
 
 
 if __name__ == "__main__":
