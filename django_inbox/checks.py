@@ -84,10 +84,12 @@ def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
             errors.append(Error(f"{where} gap_timeout: {exc}.", id="django_inbox.E016"))
     rerun = values.get("side_effects_on_rerun", "run")
     if rerun not in SIDE_EFFECTS_CHOICES:
+        name = f"{where} side_effects_on_rerun"
+        if where == "INBOX_*":
+            name = "INBOX_SIDE_EFFECTS_ON_RERUN"
         errors.append(
             Error(
-                f"{where} side_effects_on_rerun must be one of {SIDE_EFFECTS_CHOICES}, "
-                f"got {rerun!r}.",
+                f"{name} must be one of {SIDE_EFFECTS_CHOICES}, got {rerun!r}.",
                 hint="'suppress' skips @side_effect calls while a completed message re-runs.",
                 id="django_inbox.E017",
             )

@@ -512,3 +512,14 @@ def test_versions_completed_before_the_consumer_was_ordered_are_refused_with_a_r
     )
     assert result.total == 0
     assert sum(n for why, n in result.refused.items() if "has not applied" in why) == 2
+
+
+def test_inbox_show_prints_suppressions_and_the_inboxs_own_entries(capsys: Any) -> None:
+    notify("notify", "m1")
+    rerun("notify", "m1")
+    drain("notify")
+    call_command("inbox_show", "m1")
+    out = capsys.readouterr().out
+    assert "attempt 1: suppressed effects.inbox_handlers.send_receipt x1 (re-run)" in out
+    assert "replay by alice (test) via python (was completed)" in out
+    assert "by None" not in out

@@ -98,6 +98,13 @@ def render(message: InboxMessage, payload: bool) -> str:
                 f"  {at}  attempt {entry.get('attempt')} -> {entry.get('outcome')}{retry}: "
                 f"{entry.get('type')}: {entry.get('message', '')}"
             )
+        elif entry.get("kind") == "suppressed":
+            lines.append(
+                f"  {at}  attempt {entry.get('attempt')}: suppressed {entry.get('function')} "
+                f"x{entry.get('calls', 1)} (re-run)"
+            )
+        elif "by" not in entry:  # the inbox's own entries: interrupted, gap, past_gap
+            lines.append(f"  {at}  {entry.get('kind')}: {entry.get('message', '')}")
         else:
             reason = f": {entry['reason']}" if entry.get("reason") else ""
             lines.append(

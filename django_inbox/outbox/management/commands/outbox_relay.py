@@ -68,9 +68,15 @@ class Command(InboxCommand):
         with relay.shutdown.handling_signals():
             stats = relay.run()
         if options["verbosity"] >= 1:
-            failed = ", ".join(f"{status} {n}" for status, n in sorted(stats.failed.items()))
+            failed = sum(stats.failed.values())
+            outcome = (
+                f"; {failed} publication(s) failed ({stats.failed.get('pending', 0)} to be "
+                f"retried, {stats.failed.get('dead', 0)} dead)"
+                if failed
+                else ""
+            )
             self.stdout.write(
                 f"outbox_relay: sent {stats.sent}"
-                + (f", failed {failed}" if failed else "")
+                + outcome
                 + (f", reconnected {stats.reconnects}x" if stats.reconnects else "")
             )
