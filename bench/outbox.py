@@ -3,17 +3,19 @@
 - ``publish()`` inside a business transaction against the same transaction without it: the
   transaction updates one stock row (the benchmark's handler statement); with the outbox it
   also writes the outbox row. Interleaved A B A B, ``N`` transactions each.
+- The floor of that cost: the same two transactions sent by raw psycopg (prepared statements,
+  one ``UPDATE``, with and without the outbox's ``INSERT``), interleaved with them.
 - The relay (``Relay.run()`` in this process, batches of 100, publisher confirms) publishing
   ``N`` pending rows to a RabbitMQ queue, against a plain kombu producer publishing the same
   messages with confirms (kombu's ``confirm_publish``: one confirm per message), interleaved.
-- The relay's lag under a steady load: rows written at 1,000 per second for 10 seconds while a
-  relay runs in a thread; each row's time from ``created_at`` to ``sent_at``, p50 and p99.
+- The relay's lag under a steady load: rows written at 1,000 per second (100 transactions of
+  ten) for 10 seconds while ``manage.py outbox_relay`` runs; each row's time from
+  ``created_at`` to ``sent_at``, p50 and p99.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from typing import Any
 
@@ -55,6 +57,8 @@ def bench_outbox() -> dict[str, Series]:
     series = {
         "outbox_bare_tx": Series(f"business transaction (one UPDATE), {N} transactions"),
         "outbox_publish": Series(f"the same transaction + publish(), {N} transactions"),
+        "outbox_raw_bare": Series(f"raw psycopg: the transaction, {N} transactions"),
+        "outbox_raw_insert": Series(f"raw psycopg: the transaction + the outbox INSERT, {N}"),
         "outbox_relay": Series(f"relay: {N} rows published with confirms, marked sent"),
         "outbox_kombu": Series(f"plain kombu producer with confirms, {N} messages"),
     }
@@ -68,8 +72,15 @@ def bench_outbox() -> dict[str, Series]:
             if with_outbox:
                 publish("bench.taken", body, routing_key=QUEUE, key=body["sku"])
 
+    raw = _raw_floor()
     try:
         for _ in range(RUNS):
+            for name, with_insert in (("outbox_raw_bare", False), ("outbox_raw_insert", True)):
+                _truncate_outbox()
+                raw(10**8, 200, with_insert)
+                _truncate_outbox()
+                with measuring(series[name], N, None):
+                    raw(0, N, with_insert)
             for name, with_outbox in (("outbox_bare_tx", False), ("outbox_publish", True)):
                 _truncate_outbox()
                 for i in range(200):  # warm up
@@ -99,48 +110,96 @@ def bench_outbox() -> dict[str, Series]:
             _queue(declare=True)  # empty it
             rates = [f"{s.rates[-1]:7.0f}" for s in series.values()]
             log(
-                f"   bare tx {rates[0]}, + publish {rates[1]}, relay {rates[2]}, "
-                f"kombu {rates[3]} /s"
+                f"   bare tx {rates[0]}, + publish {rates[1]} (raw {rates[2]}, + INSERT "
+                f"{rates[3]}), relay {rates[4]}, kombu {rates[5]} /s"
             )
-        series["outbox_relay"].extra.update(lag(Relay))
+        series["outbox_relay"].extra.update(lag())
     finally:
         _truncate_outbox()
         _queue(declare=False)
     return series
 
 
-def lag(relay_class: Any, rate: int = 1000, seconds: float = 10.0) -> dict[str, float]:
-    """Write ``rate`` rows a second for ``seconds`` while a relay runs; the rows' time from
-    written to sent (ms), p50 and p99."""
-    from django.db import connections
+def _raw_floor() -> Any:
+    """A function running ``count`` raw psycopg transactions from ``start``: the benchmark's
+    UPDATE, and with ``insert`` the row ``publish()`` writes, both prepared."""
+    import uuid
 
+    import psycopg
+
+    from bench.config import BENCH_DSN
+
+    connection = psycopg.connect(BENCH_DSN, prepare_threshold=0)
+    cursor = connection.cursor()
+    update = 'UPDATE "shop_stock" SET "qty" = "qty" - 1 WHERE "sku" = %s'
+    insert = (
+        'INSERT INTO "django_inbox_outbox_outboxmessage" ("message_id", "event_type", '
+        '"payload", "headers", "exchange", "routing_key", "key", "status", "attempts", '
+        '"last_error", "created_at", "updated_at", "next_attempt_at", "lease_id", '
+        '"causation_consumer", "causation_message_id") VALUES (%s, %s, %s::jsonb, '
+        "'{}'::jsonb, '', %s, %s, 'pending', 0, '', now(), now(), now(), '', '', '')"
+    )
+
+    def run(start: int, count: int, with_insert: bool) -> None:
+        for i in range(start, start + count):
+            body = payload(i)
+            cursor.execute(update, [body["sku"]])
+            if with_insert:
+                cursor.execute(
+                    insert,
+                    [str(uuid.uuid4()), "bench.taken", json.dumps(body), QUEUE, body["sku"]],
+                )
+            connection.commit()
+
+    return run
+
+
+def lag(rate: int = 1000, seconds: float = 10.0) -> dict[str, float]:
+    """Write ``rate`` rows a second (100 transactions of ten) for ``seconds`` while a relay
+    runs (``manage.py outbox_relay``, a process of its own); the rows' time from written to
+    sent (ms), p50 and p99."""
+    import subprocess
+    import sys
+
+    from django.db import transaction
+
+    from bench.config import MANAGE
+    from bench.drain import subprocess_env
     from django_inbox.outbox import publish
     from django_inbox.outbox.models import OutboxMessage
 
     _truncate_outbox()
-    relay = relay_class(BROKERS["rabbitmq"], until_idle=None, poll_interval=0.01)
-
-    def run_relay() -> None:
-        try:
-            relay.run()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run_relay, daemon=True)
-    thread.start()
-    total = int(rate * seconds)
-    started = time.perf_counter()
-    for i in range(total):
-        publish("bench.lag", {"i": i}, routing_key=QUEUE)
-        pause = started + (i + 1) / rate - time.perf_counter()
-        if pause > 0:
-            time.sleep(pause)
-    written_for = time.perf_counter() - started
-    deadline = time.monotonic() + 60
-    while OutboxMessage.objects.filter(status="pending").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    relay.shutdown.request()
-    thread.join(timeout=30)
+    relay = subprocess.Popen(
+        [sys.executable, str(MANAGE), "outbox_relay", "--broker", BROKERS["rabbitmq"],
+         "--poll-interval", "0.01", "--verbosity", "0"],
+        env=subprocess_env(),
+    )  # fmt: skip
+    try:
+        ready = publish("bench.lag", {"i": -1}, routing_key=QUEUE)  # the relay has started
+        deadline = time.monotonic() + 60
+        while not OutboxMessage.objects.filter(message_id=ready, status="sent").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError("lag: the relay did not start")
+            time.sleep(0.05)
+        _truncate_outbox()
+        total = int(rate * seconds)
+        per_transaction = 10
+        started = time.perf_counter()
+        for i in range(0, total, per_transaction):
+            with transaction.atomic():
+                for j in range(i, min(i + per_transaction, total)):
+                    publish("bench.lag", {"i": j}, routing_key=QUEUE)
+            pause = started + (i + per_transaction) / rate - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+        written_for = time.perf_counter() - started
+        deadline = time.monotonic() + 60
+        pending = OutboxMessage.objects.filter(status="pending")
+        while pending.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        relay.terminate()
+        relay.wait(timeout=30)
     delays = sorted(
         (sent - created).total_seconds() * 1000
         for created, sent in OutboxMessage.objects.values_list("created_at", "sent_at")

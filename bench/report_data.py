@@ -34,6 +34,8 @@ ORDER = [
     ("2d", "drain_ordered_swapped"),
     ("8", "outbox_bare_tx"),
     ("8", "outbox_publish"),
+    ("8", "outbox_raw_bare"),
+    ("8", "outbox_raw_insert"),
     ("8a", "outbox_relay"),
     ("8a", "outbox_kombu"),
     ("2", "store_batched"),

@@ -69,6 +69,12 @@ RATIOS = [
         "publish_overhead",
     ),
     (
+        "outbox floor: raw psycopg transaction + the outbox INSERT / the transaction alone",
+        "outbox_raw_insert",
+        "outbox_raw_bare",
+        "publish_floor",
+    ),
+    (
         "outbox: relay (batched confirms, rows marked sent) / plain kombu producer with confirms",
         "outbox_relay",
         "outbox_kombu",
