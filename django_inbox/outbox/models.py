@@ -65,6 +65,10 @@ class OutboxMessage(models.Model):
                 condition=Q(status="pending") & ~Q(key=""),
                 name="django_outbox_key_idx",
             ),
+            # Dead rows: few, and what operators (and inbox_stats) look for.
+            models.Index(
+                fields=["updated_at"], condition=Q(status="dead"), name="django_outbox_dead_idx"
+            ),
             # Sent rows by age, for the purge.
             models.Index(
                 fields=["sent_at"], condition=Q(status="sent"), name="django_outbox_sent_idx"
