@@ -119,7 +119,7 @@ class Publisher:
         try:
             for row in rows:
                 try:
-                    message = _message(row)
+                    message = _message(row, self._frame_max())
                 except Exception as exc:  # not encodable as AMQP: it never will be
                     result.unsendable[row.pk] = (
                         f"cannot be published: {type(exc).__name__}: {exc}"
@@ -183,6 +183,11 @@ class Publisher:
             self._acked.difference_update(tags)
             self._nacked.difference_update(tags)
 
+    def _frame_max(self) -> int:
+        """The connection's negotiated frame size (AMQP's default if unknown)."""
+        found = getattr(getattr(self.connection, "connection", None), "frame_max", None)
+        return int(found) if found else 131072
+
     def _await(self, tags: set[int]) -> None:
         if not tags:
             return
@@ -203,11 +208,15 @@ class Publisher:
             raise BrokerGone(f"could not reopen a channel: {exc}") from exc
 
 
-def _message(row: Claimed) -> Any:
+def _message(row: Claimed, frame_max: int) -> Any:
     """The AMQP message of ``row``, encoded now (so that a value AMQP cannot carry raises
-    here, before anything is written to the connection)."""
+    here, before anything is written to the connection): a routing key or exchange over 255
+    bytes, a header AMQP cannot encode, properties that do not fit one frame."""
     import amqp
 
+    for name, value in (("exchange", row.exchange), ("routing key", row.routing_key)):
+        if len(value.encode("utf-8")) > 255:
+            raise ValueError(f"the {name} is over 255 bytes of UTF-8")
     message = amqp.Message(
         body=json.dumps(row.payload, ensure_ascii=False, separators=(",", ":")),
         content_type="application/json",
@@ -217,5 +226,9 @@ def _message(row: Claimed) -> Any:
         delivery_mode=2,
         application_headers=dict(row.headers),
     )
-    message._serialize_properties()  # raises for a header value AMQP cannot encode
+    properties = message._serialize_properties()  # raises for a value AMQP cannot encode
+    if len(properties) > frame_max - 64:
+        raise ValueError(
+            f"its headers take {len(properties)} bytes; the broker's frames hold {frame_max}"
+        )
     return message

@@ -18,6 +18,11 @@ from ..validation import clean_text, encode_json
 #: Headers the outbox sets on each publication (a caller's own headers keep other names).
 CAUSATION_CONSUMER = "x-causation-consumer"
 CAUSATION_ID = "x-causation-id"
+#: AMQP's limit for a short string: exchange, routing key, type, header names (in bytes).
+SHORT_MAX_BYTES = 255
+#: Headers travel in the message's properties, which must fit one AMQP frame (128 KiB by
+#: default, RabbitMQ's ``frame_max``): well below it.
+HEADERS_MAX_BYTES = 64 * 1024
 #: Trace context passed on from the inbox message a handler publishes from (W3C, B3).
 TRACE_HEADERS = ("traceparent", "tracestate", "baggage", "b3", "x-b3-traceid", "x-b3-spanid")
 
@@ -43,9 +48,9 @@ def publish(
     returned.
     """
 
-    event_type = clean_text("event_type", event_type, required=True)
-    routing_key = clean_text("routing_key", routing_key, required=False)
-    exchange = clean_text("exchange", exchange, required=False)
+    event_type = _short("event_type", clean_text("event_type", event_type, required=True))
+    routing_key = _short("routing_key", clean_text("routing_key", routing_key, required=False))
+    exchange = _short("exchange", clean_text("exchange", exchange, required=False))
     key = clean_text("key", key, required=False)
     if not exchange and not routing_key:
         raise InvalidField("routing_key is empty: the default exchange routes by queue name")
@@ -64,7 +69,9 @@ def publish(
             value = (cause.headers or {}).get(name)
             if value is not None:
                 sent_headers.setdefault(name, value)
-    encoded_headers = encode_json("headers", sent_headers, max_bytes=limit)
+    encoded_headers = encode_json("headers", sent_headers, max_bytes=HEADERS_MAX_BYTES)
+    for name in sent_headers:
+        _short("a header name", name)
     message_id = str(uuid.uuid4())
     _insert(
         [message_id, event_type, body, encoded_headers, exchange, routing_key, key],
@@ -72,6 +79,15 @@ def publish(
         inbox_settings.database,
     )
     return message_id
+
+
+def _short(name: str, value: str) -> str:
+    """``value``, unless AMQP cannot carry it as a short string (over 255 bytes of UTF-8)."""
+    if len(value.encode("utf-8")) > SHORT_MAX_BYTES:
+        raise InvalidField(
+            f"{name} is {len(value.encode('utf-8'))} bytes of UTF-8; AMQP allows {SHORT_MAX_BYTES}"
+        )
+    return value
 
 
 #: Columns ``publish()`` writes, in the order of its statement.

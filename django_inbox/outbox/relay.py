@@ -98,7 +98,6 @@ class Relay:
                     self.shutdown.wait(self._reconnect_delay)
                     self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
                     continue
-                self._reconnect_delay = RECONNECT_FIRST
                 if done:
                     idle_since = time.monotonic()
                     continue
@@ -128,7 +127,9 @@ class Relay:
             self.shutdown.wait(self._reconnect_delay)
             self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
             return False
-        self._publisher, self._reconnect_delay = publisher, RECONNECT_FIRST
+        # The delay goes back to its first value after a batch settles, not on connecting: a
+        # connection that the broker drops at every batch still backs off.
+        self._publisher = publisher
         return True
 
     def run_once(self) -> int:
@@ -152,10 +153,15 @@ class Relay:
             rows.give_back(
                 [row.pk for row in claimed if row.pk not in settled], lease_id, self.using
             )
-            logger.warning("outbox relay: lost the broker (%s); reconnecting", gone)
+            logger.warning(
+                "outbox relay: lost the broker (%s); reconnecting in %.1fs",
+                gone, self._reconnect_delay,
+            )  # fmt: skip
             self._publisher.close()
             self._publisher = None
             self.stats.reconnects += 1
+            self.shutdown.wait(self._reconnect_delay)
+            self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
             return len(claimed)
         self.stats.sent += rows.mark_sent(result.confirmed, lease_id, self.using)
         by_pk = {row.pk: row for row in claimed}
@@ -172,4 +178,5 @@ class Relay:
             )  # fmt: skip
         if result.unknown:
             rows.give_back(result.unknown, lease_id, self.using)
+        self._reconnect_delay = RECONNECT_FIRST  # a batch settled: the broker works
         return len(claimed)

@@ -122,7 +122,8 @@ INBOX_BROKER_TRANSPORT_OPTIONS = env.json(
 )
 INBOX_MAX_PAYLOAD_BYTES = env.int("INBOX_MAX_PAYLOAD_BYTES", default=1024 * 1024)
 # The outbox's relays: the chaos tests shorten the lease so killed relays' rows come back soon.
-INBOX_OUTBOX_LEASE = env.float("OUTBOX_LEASE", default=30.0)
+INBOX_OUTBOX_LEASE = env.float("OUTBOX_LEASE", default=60.0)
+INBOX_OUTBOX_CONFIRM_TIMEOUT = min(10.0, INBOX_OUTBOX_LEASE / 2)
 
 LOGGING = {
     "version": 1,

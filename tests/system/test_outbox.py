@@ -178,3 +178,19 @@ def test_a_header_amqp_cannot_carry_is_dead_at_once_and_its_batch_goes_on(queue:
     assert refused.status == Status.DEAD and refused.attempts == 1
     assert "cannot be published" in refused.last_error
     assert stats.sent == 2 and [p["type"] for p, _, _ in received(queue)] == ["a", "c"]
+
+
+def test_rows_amqp_cannot_carry_are_dead_at_once_and_the_relay_goes_on(queue: str) -> None:
+    """Rows written past publish()'s checks (by an older release, or by hand)."""
+    publish("a", {"n": 1}, routing_key=queue)
+    bad_key = publish("b", {"n": 2}, routing_key=queue)
+    big = publish("c", {"n": 3}, routing_key=queue)
+    publish("d", {"n": 4}, routing_key=queue)
+    OutboxMessage.objects.filter(message_id=bad_key).update(routing_key="é" * 200)
+    OutboxMessage.objects.filter(message_id=big).update(headers={"big": "x" * 200_000})
+    stats = relay().run()
+    assert stats.sent == 2 and stats.reconnects == 0
+    assert [p["type"] for p, _, _ in received(queue)] == ["a", "d"]
+    for message_id, said in ((bad_key, "over 255 bytes"), (big, "frames hold")):
+        row = OutboxMessage.objects.get(message_id=message_id)
+        assert row.status == Status.DEAD and said in row.last_error, row.last_error

@@ -128,3 +128,41 @@ def test_publish_is_a_side_effect_suppressed_in_a_suppressing_rerun() -> None:
     assert [(e["function"], e["calls"]) for e in row.history if e["kind"] == "suppressed"] == [
         ("django_inbox.outbox.publish", 1)
     ]
+
+
+def test_publish_refuses_what_amqp_cannot_carry() -> None:
+    from django_inbox import InvalidField, PayloadTooLarge
+
+    with pytest.raises(InvalidField, match="bytes of UTF-8"):
+        publish("t", {}, routing_key="é" * 200)
+    with pytest.raises(InvalidField, match="bytes of UTF-8"):
+        publish("t", {}, routing_key="q", exchange="é" * 200)
+    with pytest.raises(InvalidField, match="header name"):
+        publish("t", {}, routing_key="q", headers={"h" * 300: 1})
+    with pytest.raises(PayloadTooLarge):
+        publish("t", {}, routing_key="q", headers={"big": "x" * 70_000})
+    assert not OutboxMessage.objects.exists()
+
+
+def test_the_admin_refuses_payload_filters_without_the_permission_and_nul_in_filters() -> None:
+    rows(1)
+    OutboxMessage.objects.update(payload={"card": "4111"})
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_outboxmessage"))
+    client = Client(raise_request_exception=False)
+    client.force_login(user)
+    probe = client.get(f"{CHANGELIST}?payload__card__startswith=4111")
+    assert probe.status_code == 400  # refused (a disallowed lookup), not answered
+    assert client.get(f"{CHANGELIST}?key=%00").status_code == 400
+
+
+def test_the_outbox_settings_are_checked() -> None:
+    from django.test import override_settings
+
+    from django_inbox.checks import check_settings
+
+    with override_settings(INBOX_OUTBOX_LEASE=10, INBOX_OUTBOX_CONFIRM_TIMEOUT=10):
+        assert [e.id for e in check_settings()].count("django_inbox.E018") == 1
+    with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=0, INBOX_OUTBOX_BACKOFF_BASE="soon"):
+        assert [e.id for e in check_settings()].count("django_inbox.E018") == 2
+    assert "django_inbox.E018" not in [e.id for e in check_settings()]
