@@ -434,6 +434,8 @@ def test_reclaim_and_purge_tasks_run_in_the_worker(
 # --- 4. the schedule itself ---------------------------------------------------------------------
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
 def test_the_outbox_relay_task_publishes_for_a_bounded_time(
     celery_procs: CeleryProcesses, celery_app: Any
 ) -> None:
