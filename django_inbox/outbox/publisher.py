@@ -67,6 +67,8 @@ class Publisher:
         self._tag = 0
         self._acked: set[int] = set()
         self._nacked: set[int] = set()
+        #: Tags published on this channel and not confirmed yet.
+        self._unconfirmed: set[int] = set()
         self._returned: dict[str, str] = {}
 
     def open(self) -> None:
@@ -81,6 +83,7 @@ class Publisher:
         channel.events["basic_nack"].add(self._on_nack)
         channel.events["basic_return"].add(self._on_return)
         self.channel, self._tag = channel, 0
+        self._unconfirmed.clear()
         self._acked.clear()
         self._nacked.clear()
 
@@ -89,16 +92,18 @@ class Publisher:
             self.connection.release()
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
-        if multiple:
-            self._acked.update(range(1, delivery_tag + 1))
-        else:
-            self._acked.add(delivery_tag)
+        self._settle(self._acked, delivery_tag, multiple)
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        if multiple:
-            self._nacked.update(range(1, delivery_tag + 1))
-        else:
-            self._nacked.add(delivery_tag)
+        self._settle(self._nacked, delivery_tag, multiple)
+
+    def _settle(self, into: set[int], delivery_tag: int, multiple: bool) -> None:
+        """A confirm for ``delivery_tag`` and, with ``multiple``, for every earlier tag still
+        unconfirmed (a ``multiple`` nack does not undo the acks that came before it)."""
+        tags = {tag for tag in self._unconfirmed if tag <= delivery_tag} if multiple else set()
+        tags.add(delivery_tag)
+        into.update(tags)
+        self._unconfirmed.difference_update(tags)
 
     def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
         message_id = (getattr(message, "properties", None) or {}).get("message_id")
@@ -127,6 +132,7 @@ class Publisher:
                     continue
                 self._tag += 1
                 tags[self._tag] = row
+                self._unconfirmed.add(self._tag)
                 self.channel.basic_publish(
                     message, exchange=row.exchange, routing_key=row.routing_key, mandatory=True
                 )
@@ -182,6 +188,7 @@ class Publisher:
             # Delivery tags are never reused on a channel: forget this batch's.
             self._acked.difference_update(tags)
             self._nacked.difference_update(tags)
+            self._unconfirmed.difference_update(tags)
 
     def _frame_max(self) -> int:
         """The connection's negotiated frame size (AMQP's default if unknown)."""
