@@ -7,12 +7,10 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-import django
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import QuerySet
-from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -28,6 +26,7 @@ from ..services import (
 )
 from .actions import ACTIONS, ActionsMixin
 from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter
+from .guards import payload_lookup_allowed, refuse_unstorable_query
 from .paginator import CappedCountPaginator, InboxChangeList
 from .render import error_type, key_versions, pretty_json, status_badge, summary, timeline
 
@@ -99,13 +98,7 @@ class InboxMessageAdmin(ActionsMixin, _ModelAdmin):
         # ?payload__card=… would tell a user who may not see payloads whether one matches.
         # Django < 5.0 passes no request: the changelist view's is used.
         request = request if request is not None else _changelist_request.get()
-        if lookup.split(LOOKUP_SEP, 1)[0] in PAYLOAD_FIELDS and (
-            request is None or not self.has_view_payload_permission(request)
-        ):
-            return False
-        if django.VERSION < (5, 0):  # lookup_allowed() takes the request since Django 5.0
-            return bool(super().lookup_allowed(lookup, value))  # type: ignore[call-arg]
-        return bool(super().lookup_allowed(lookup, value, request))
+        return payload_lookup_allowed(self, super(), lookup, value, request, PAYLOAD_FIELDS)
 
     # --- changelist ----------------------------------------------------------------------
 
@@ -323,11 +316,3 @@ class InboxMessageAdmin(ActionsMixin, _ModelAdmin):
             "changelist_url": reverse("admin:django_inbox_inboxmessage_changelist"),
         }
         return super().change_view(request, object_id, form_url, extra_context)
-
-
-def refuse_unstorable_query(request: HttpRequest) -> None:
-    """A NUL in the query string can match no row, and PostgreSQL refuses it in a query:
-    answer 400 instead of a server error."""
-    for key, values in request.GET.lists():
-        if "\x00" in key or any("\x00" in value for value in values):
-            raise BadRequest("the query string contains a NUL character")

@@ -5,19 +5,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-import django
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ..admin.options import refuse_unstorable_query
+from ..admin.guards import payload_lookup_allowed, refuse_unstorable_query
 from ..conf import inbox_settings
 from . import services
 from .models import OutboxMessage
+
+#: Fields only users with view_payload_outboxmessage may see or filter on.
+PAYLOAD_FIELDS = ("payload", "headers")
 
 if TYPE_CHECKING:
     _Base = admin.ModelAdmin[OutboxMessage]
@@ -73,13 +74,7 @@ class OutboxMessageAdmin(_Base):
         # ?payload__card__startswith=… would tell a user who may not see payloads whether
         # one matches.
         request = request if request is not None else getattr(self, "_request", None)
-        if lookup.split(LOOKUP_SEP, 1)[0] in ("payload", "headers") and (
-            request is None or not self.has_view_payload_permission(request)
-        ):
-            return False
-        if django.VERSION < (5, 0):
-            return bool(super().lookup_allowed(lookup, value))  # type: ignore[call-arg]
-        return bool(super().lookup_allowed(lookup, value, request))
+        return payload_lookup_allowed(self, super(), lookup, value, request, PAYLOAD_FIELDS)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
         queryset = super().get_queryset(request)

@@ -72,6 +72,24 @@ def collect(now: datetime | None = None) -> OutboxStats:
     return stats
 
 
+def problems(stats: OutboxStats, max_pending_age: float) -> list[tuple[str, float, str]]:
+    """What ``inbox_stats`` and the health view report of the outbox: ``(kind, value,
+    message)`` for dead rows (``outbox_dead``) and a pending row older than
+    ``max_pending_age`` (``outbox_lag``)."""
+    found: list[tuple[str, float, str]] = []
+    if stats.dead:
+        said = f"{stats.dead} outbox message(s) dead: not published after their attempts"
+        found.append(("outbox_dead", stats.dead, said))
+    lag = stats.oldest_pending_age
+    if max_pending_age and lag > max_pending_age:
+        said = (
+            f"the oldest pending outbox message was written {lag:.0f}s ago (limit "
+            f"{max_pending_age:g}s): is a relay running?"
+        )
+        found.append(("outbox_lag", lag, said))
+    return found
+
+
 def _estimated_rows(using: str) -> int:
     """PostgreSQL's planner estimate of the outbox table's rows; ``0`` elsewhere."""
     connection = connections[using]

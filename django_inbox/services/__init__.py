@@ -23,7 +23,6 @@ from .operator import (
     park,
     replay,
     retry_now,
-    skip,
 )
 from .process import (
     AckMode,
@@ -38,8 +37,9 @@ from .process import (
 )
 from .purge import PURGEABLE, PurgeProgress, PurgeResult, expired, purge
 from .reclaim import ReclaimResult, reclaim, reclaimable
-from .rerun import rerun_blocked, rerun_failed, rerun_left
+from .rerun_progress import rerun_blocked, rerun_failed, rerun_left
 from .selection import command_actor, count_by_status, find, select
+from .skipping import skip
 from .stats import (
     PROBLEM_KINDS,
     STATUSES,

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
 from .. import gaps, history, ordering
@@ -253,51 +253,4 @@ def note(key_plan: KeyPlan) -> str | None:
         return None
     return f"{key_plan.consumer} key {key_plan.key!r} from sequence {key_plan.first}: " + "; ".join(
         parts
-    )
-
-
-#: Statuses of a re-run row that has still to run.
-LEFT = (Status.RECEIVED, Status.IN_PROGRESS, Status.FAILED, Status.WAITING)
-
-
-def rerun_left(consumers: list[str]) -> int:
-    """How many re-run rows of ``consumers`` have still to run (progress of a rebuild)."""
-    using = inbox_settings.database
-    return (
-        InboxMessage.objects.using(using)
-        .filter(consumer__in=consumers, rerun=True, status__in=LEFT)
-        .count()
-    )
-
-
-def rerun_blocked(consumers: list[str]) -> int:
-    """How many re-run rows of ``consumers`` wait behind a dead or parked version of their key
-    (an operator must replay or skip it before they can run)."""
-    using = inbox_settings.database
-    blocker = InboxMessage.objects.using(using).filter(
-        consumer=OuterRef("consumer"),
-        key=OuterRef("key"),
-        sequence__lt=OuterRef("sequence"),
-        status__in=(Status.DEAD, Status.PARKED),
-    )
-    return (
-        InboxMessage.objects.using(using)
-        .filter(consumer__in=consumers, rerun=True, status=Status.WAITING)
-        .filter(Exists(blocker))
-        .count()
-    )
-
-
-def rerun_failed(consumers: list[str], *, since: datetime) -> int:
-    """How many re-run rows of ``consumers`` went dead or parked since ``since``."""
-    using = inbox_settings.database
-    return (
-        InboxMessage.objects.using(using)
-        .filter(
-            consumer__in=consumers,
-            rerun=True,
-            status__in=(Status.DEAD, Status.PARKED),
-            updated_at__gte=since,
-        )
-        .count()
     )

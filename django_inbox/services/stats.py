@@ -241,6 +241,7 @@ def collect(
 
 
 def _outbox(now: datetime) -> Any:
+    """The outbox's stats, when ``django_inbox.outbox`` is installed."""
     from django.apps import apps
 
     if not apps.is_installed("django_inbox.outbox"):
@@ -251,28 +252,13 @@ def _outbox(now: datetime) -> Any:
 
 
 def _outbox_problems(outbox: Any, max_pending_age: float, ignore: tuple[str, ...]) -> list[Problem]:
-    problems = []
-    if outbox.dead and "outbox_dead" not in ignore:
-        problems.append(
-            Problem(
-                "outbox_dead",
-                "",
-                outbox.dead,
-                f"{outbox.dead} outbox message(s) dead: not published after their attempts",
-            )
-        )
-    lag = outbox.oldest_pending_age
-    if max_pending_age and lag > max_pending_age and "outbox_lag" not in ignore:
-        problems.append(
-            Problem(
-                "outbox_lag",
-                "",
-                lag,
-                f"the oldest pending outbox message was written {lag:.0f}s ago (limit "
-                f"{max_pending_age:g}s): is a relay running?",
-            )
-        )
-    return problems
+    from ..outbox.services import problems
+
+    return [
+        Problem(kind, "", value, message)
+        for kind, value, message in problems(outbox, max_pending_age)
+        if kind not in ignore
+    ]
 
 
 def _problems(

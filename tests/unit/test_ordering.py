@@ -16,7 +16,7 @@ from effects.models import OrderedRun
 from django_inbox import InvalidField, Outcome, deliver, store
 from django_inbox.gaps import GAP_PREFIX, park_expired_gaps
 from django_inbox.models import InboxKey, InboxMessage
-from django_inbox.services import operator
+from django_inbox.services import operator, skipping
 from django_inbox.services.reclaim import reclaim
 from django_inbox.worker import Worker
 
@@ -129,7 +129,7 @@ def test_a_dead_version_keeps_its_successors_waiting_until_an_operator_skips_it(
         assert park_expired_gaps() == 0
         assert row("K-2").status == Status.WAITING
 
-        result = operator.skip(
+        result = skipping.skip(
             InboxMessage.objects.filter(message_id="K-1"), actor="alice", reason="bad data"
         )
 
@@ -340,7 +340,7 @@ def test_a_version_skipped_ahead_of_its_key_is_skipped_when_the_key_reaches_it()
     send("K", 1)
     assert send("K", 3) == Outcome.WAITING
     assert send("K", 4) == Outcome.WAITING
-    result = operator.skip(InboxMessage.objects.filter(message_id="K-3"), actor="a", reason="bad")
+    result = skipping.skip(InboxMessage.objects.filter(message_id="K-3"), actor="a", reason="bad")
     assert result.total == 1
     assert row("K-3").status == Status.WAITING  # not yet: the key has not reached it
 
@@ -358,7 +358,7 @@ def test_a_gap_before_a_skipped_version_is_parked_not_held_for_ever() -> None:
     with ordered_policy(gap_timeout=0.05):
         send("K", 1)
         assert send("K", 3) == Outcome.WAITING
-        operator.skip(InboxMessage.objects.filter(message_id="K-3"), actor="a")
+        skipping.skip(InboxMessage.objects.filter(message_id="K-3"), actor="a")
         assert send("K", 4) == Outcome.WAITING
         time.sleep(0.1)
         assert park_expired_gaps() == 1  # 4 waits for 2, which never came; 3 waits to be skipped

@@ -20,7 +20,7 @@ from django_inbox import Outcome, deliver, side_effect, signals, store
 from django_inbox.checks import check_settings
 from django_inbox.gaps import park_expired_gaps
 from django_inbox.models import InboxKey, InboxMessage
-from django_inbox.services import operator, select
+from django_inbox.services import operator, select, skipping
 from django_inbox.worker import Worker
 from tests.conftest import handler
 
@@ -265,7 +265,7 @@ def test_an_operator_skip_is_skipped_again_and_a_dry_run_changes_nothing(capsys:
     row.save(update_fields=["payload"])
     drain("projection")
     assert InboxMessage.objects.get(message_id="A-2").status == Status.DEAD
-    operator.skip(select(message_ids=["A-2"]), **ACTOR)
+    skipping.skip(select(message_ids=["A-2"]), **ACTOR)
     drain("projection")
     assert projection("A")[1] == 3
 

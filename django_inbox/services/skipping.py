@@ -1,0 +1,99 @@
+"""The operator's "skip this version" for ordered consumers (an action like those of
+:mod:`.operator`, with its own transaction per row under the key's lock)."""
+
+from __future__ import annotations
+
+from typing import Unpack
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from .. import events, history, ordering
+from ..conf import inbox_settings
+from ..models import InboxMessage
+from .operator import SKIPPABLE, ActionOptions, ActionResult, _options
+
+Status = InboxMessage.Status
+
+
+def skip(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> ActionResult:
+    """Skip versions of an ordered consumer ("skip this version"): the rows go ``skipped``
+    without running, with the operator's history entry. A skipped version that is its key's
+    next one counts as applied, so the key's following version runs. Rows without a
+    sequence, of consumers that are not ordered, or being processed are refused.
+
+    Each row is decided in its own transaction holding its key's lock (taken before the row's,
+    in the order workers take them).
+    """
+    actor, reason, via, dry_run, keep = _options("skip", options)
+    using = inbox_settings.database
+    result = ActionResult(action="skip", dry_run=dry_run)
+    candidates = (
+        rows.using(using).order_by("pk").values_list("pk", "consumer", "key", "sequence", "status")
+    )
+    for pk, consumer, key, sequence, status in candidates.iterator():
+        if status not in SKIPPABLE:
+            result.refused[f"{status} (cannot skip from {status})"] += 1
+            continue
+        if sequence is None or not ordering.applies(consumer, key):
+            result.refused["not a version (key and sequence) of an ordered consumer"] += 1
+            continue
+        if dry_run:
+            result.changed[status] += 1
+            continue
+        skipped = _skip_one(pk, consumer, key, sequence, actor, reason, via, using)
+        if skipped is None:
+            result.refused["changed meanwhile (being processed, or already resolved)"] += 1
+            continue
+        result.changed[skipped.status] += 1
+        if keep is None or len(result.rows) < keep:
+            result.rows.append((pk, consumer, skipped.message_id, skipped.status))
+    return result
+
+
+def _skip_one(
+    pk: int, consumer: str, key: str, sequence: int, actor: str, reason: str, via: str,
+    using: str,
+) -> InboxMessage | None:  # fmt: skip
+    with transaction.atomic(using=using):
+        applied = ordering.lock(consumer, key, using, wait=True)
+        row = (
+            InboxMessage.objects.using(using)
+            .select_for_update()
+            .filter(pk=pk, status__in=SKIPPABLE)
+            .first()
+        )
+        if row is None or applied is None:
+            return None
+        now = timezone.now()
+        entry = history.action_entry(
+            "skip", at=now, actor=actor, reason=reason, previous_status=row.status,
+            attempts=row.attempts, via=via,
+        )  # fmt: skip
+        said = ordering.skipped_reason(entry)
+        if sequence > applied + 1:
+            # Ahead of its key: it waits, and is skipped (counting as applied) when the key
+            # reaches it, so the versions after it are not held back by it.
+            InboxMessage.objects.using(using).filter(pk=pk).update(
+                status=Status.WAITING,
+                next_attempt_at=ordering.gap_deadline(consumer, now),
+                updated_at=now,
+                last_error=f"{said}; skipped when key {key!r} reaches sequence {sequence}",
+                history=history.append(row.history, entry),
+            )
+            return row
+        InboxMessage.objects.using(using).filter(pk=pk).update(
+            status=Status.SKIPPED,
+            next_attempt_at=None,
+            processed_at=now,
+            updated_at=now,
+            last_error=said,
+            history=history.append(row.history, entry),
+        )
+        if sequence == applied + 1:
+            ordering.advance(consumer, key, sequence, now, using)
+    events.event(
+        "skipped", **events.about(row, using), detail=f"by {actor} via {via}, was {row.status}"
+    )
+    return row
