@@ -137,8 +137,11 @@ def _raw_floor() -> Any:
         '"payload", "headers", "exchange", "routing_key", "key", "status", "attempts", '
         '"last_error", "created_at", "updated_at", "next_attempt_at", "lease_id", '
         '"causation_consumer", "causation_message_id") VALUES (%s, %s, %s::jsonb, '
-        "'{}'::jsonb, '', %s, %s, 'pending', 0, '', now(), now(), now(), '', '', '')"
-    )
+        "'{}'::jsonb, '', %s, %s, 'pending', 0, '', now(), now(), CASE WHEN NOT EXISTS "
+        '(SELECT 1 FROM (SELECT e."key" FROM "django_inbox_outbox_outboxmessage" e WHERE '
+        """e."status" = 'pending' AND e."key" <> '' AND e."key" >= %s ORDER BY e."key", e."id" """
+        "LIMIT 1) next WHERE next.\"key\" = %s) THEN now() END, '', '', '')"
+    )  # as publish() writes it: held behind an earlier pending row of its key
 
     def run(start: int, count: int, with_insert: bool) -> None:
         for i in range(start, start + count):
@@ -147,7 +150,15 @@ def _raw_floor() -> Any:
             if with_insert:
                 cursor.execute(
                     insert,
-                    [str(uuid.uuid4()), "bench.taken", json.dumps(body), QUEUE, body["sku"]],
+                    [
+                        str(uuid.uuid4()),
+                        "bench.taken",
+                        json.dumps(body),
+                        QUEUE,
+                        body["sku"],
+                        body["sku"],
+                        body["sku"],
+                    ],
                 )
             connection.commit()
 

@@ -93,6 +93,8 @@ class OutboxMessageAdmin(_Base):
 
     @admin.display(description="last error")
     def error(self, row: OutboxMessage) -> str:
+        if row.status == OutboxMessage.Status.PENDING and row.next_attempt_at is None:
+            return "held: an earlier message of its key is not sent yet"
         return row.last_error[:120]
 
     @admin.display(description="caused by")

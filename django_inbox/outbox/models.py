@@ -37,6 +37,8 @@ class OutboxMessage(models.Model):
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    #: ``NULL`` on a pending row while an earlier pending row of its key holds it back: the
+    #: relay that settles that row makes it due (``rows.release``).
     next_attempt_at = models.DateTimeField(
         null=True, blank=True, help_text=_("When a relay may next publish it (pending rows).")
     )

@@ -108,13 +108,23 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
     sql = _sql.get((using, connection.vendor))
     if sql is None:
         quote = connection.ops.quote_name
+        table = quote(OutboxMessage._meta.db_table)
         json = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+        # A row whose key already has a pending row is held (no due time): relays' claims
+        # never scan it, and the relay that settles the earlier row makes it due.
+        # The first entry of the key index from the key on (``rows.first_of_key`` says why).
+        key = quote("key")
+        due = (
+            f"CASE WHEN %s = '' OR NOT EXISTS (SELECT 1 FROM (SELECT e.{key} FROM {table} e "
+            f"WHERE e.{quote('status')} = 'pending' AND e.{key} <> '' AND e.{key} >= %s "
+            f"ORDER BY e.{key}, e.{quote('id')} LIMIT 1) next WHERE next.{key} = %s) THEN %s END"
+        )
         sql = _sql[(using, connection.vendor)] = (
-            f"INSERT INTO {quote(OutboxMessage._meta.db_table)} "
-            f"({', '.join(quote(column) for column in _COLUMNS)}) "
-            f"VALUES (%s, %s, {json}, {json}, %s, %s, %s, 'pending', 0, '', %s, %s, %s, '', "
+            f"INSERT INTO {table} ({', '.join(quote(column) for column in _COLUMNS)}) "
+            f"VALUES (%s, %s, {json}, {json}, %s, %s, %s, 'pending', 0, '', %s, %s, {due}, '', "
             "%s, %s)"
         )
     stamp = connection.ops.adapt_datetimefield_value(timezone.now())
+    key = values[-1]
     with preparing.cursor(using) as cursor:
-        cursor.execute(sql, [*values, stamp, stamp, stamp, *cause])
+        cursor.execute(sql, [*values, stamp, stamp, key, key, key, stamp, *cause])

@@ -32,6 +32,8 @@ logger = logging.getLogger("django_inbox.outbox")
 
 #: Seconds between reconnection attempts: doubling from the first to the last.
 RECONNECT_FIRST, RECONNECT_MAX = 0.5, 10.0
+#: Seconds between sweeps for held rows that nothing released (see ``rows.sweep``).
+SWEEP_EVERY = 5.0
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Relay:
         )
         self._publisher: Publisher | None = None
         self._reconnect_delay = RECONNECT_FIRST
+        self._swept_at: float | None = None
 
     def run(self) -> RelayStats:
         idle_since = time.monotonic()
@@ -88,6 +91,7 @@ class Relay:
                 if not self._connected():
                     continue
                 try:
+                    self._sweep()
                     done = self.run_once()
                 except DatabaseError as exc:
                     if not connection_lost(exc, self.using):
@@ -108,6 +112,17 @@ class Relay:
             if self._publisher is not None:
                 self._publisher.close()
         return self.stats
+
+    def _sweep(self) -> None:
+        """Every ``SWEEP_EVERY`` seconds (and first thing), release held rows that a race
+        left held."""
+        now = time.monotonic()
+        if self._swept_at is not None and now - self._swept_at < SWEEP_EVERY:
+            return
+        released = rows.sweep(self.using)
+        self._swept_at = now
+        if released:
+            logger.info("outbox relay: released %d held row(s) of settled keys", released)
 
     def _enough(self) -> bool:
         return self.max_messages is not None and self.stats.sent >= self.max_messages
@@ -145,8 +160,10 @@ class Relay:
         try:
             result = self._publisher.publish(claimed)
         except BrokerGone as gone:
-            self.stats.sent += rows.mark_sent(gone.result.confirmed, lease_id, self.using)
             by_pk = {row.pk: row for row in claimed}
+            self.stats.sent += rows.mark_sent(
+                gone.result.confirmed, lease_id, self.using, _keys(by_pk, gone.result.confirmed)
+            )
             for pk, error in gone.result.unsendable.items():
                 self.stats.failed[rows.fail(by_pk[pk], lease_id, error, self.using, dead=True)] += 1
             settled = {*gone.result.confirmed, *gone.result.unsendable}
@@ -163,8 +180,10 @@ class Relay:
             self.shutdown.wait(self._reconnect_delay)
             self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
             return len(claimed)
-        self.stats.sent += rows.mark_sent(result.confirmed, lease_id, self.using)
         by_pk = {row.pk: row for row in claimed}
+        self.stats.sent += rows.mark_sent(
+            result.confirmed, lease_id, self.using, _keys(by_pk, result.confirmed)
+        )
         failures = [(pk, error, False) for pk, error in result.failed.items()]
         failures += [(pk, error, True) for pk, error in result.unsendable.items()]
         for pk, error, never in failures:
@@ -180,3 +199,8 @@ class Relay:
             rows.give_back(result.unknown, lease_id, self.using)
         self._reconnect_delay = RECONNECT_FIRST  # a batch settled: the broker works
         return len(claimed)
+
+
+def _keys(by_pk: dict[int, rows.Claimed], pks: list[int]) -> list[str]:
+    """The keys of the rows ``pks``: their next rows are released once these are sent."""
+    return [by_pk[pk].key for pk in pks if by_pk[pk].key]

@@ -8,20 +8,50 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import BooleanField, F, Min, Q, Subquery
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from ..db import preparing
 from ..text import storable
 from .models import OutboxMessage
 from .settings import outbox_settings
 
 Status = OutboxMessage.Status
 MAX_ERROR = 2000
+
+
+def _table(using: str) -> tuple[str, Callable[[str], str]]:
+    quote = connections[using].ops.quote_name
+    return quote(OutboxMessage._meta.db_table), quote
+
+
+def first_of_key(using: str) -> RawSQL:
+    """True for a row no earlier pending row of its key holds back.
+
+    Written as "the previous entry of the key index", ``ORDER BY key DESC, id DESC LIMIT 1``
+    from ``(key, id)``: only that index gives the order, so the database reads one entry
+    whatever its statistics say. (A plain ``NOT EXISTS (... id < outer.id)`` lets PostgreSQL
+    pick a scan of the primary key or of the table when one key fills it: a claim then read
+    every row of the hot key's backlog.)
+    """
+    table, quote = _table(using)
+    key, pk, status = quote("key"), quote("id"), quote("status")
+    return RawSQL(
+        f"NOT EXISTS (SELECT 1 FROM (SELECT e.{key} FROM {table} e "
+        f"WHERE e.{status} = 'pending' AND e.{key} <> '' "
+        f"AND (e.{key}, e.{pk}) < ({table}.{key}, {table}.{pk}) "
+        f"ORDER BY e.{key} DESC, e.{pk} DESC LIMIT 1) previous "
+        f"WHERE previous.{key} = {table}.{key})",
+        (),
+        output_field=BooleanField(),
+    )
 
 
 @dataclass
@@ -44,23 +74,20 @@ def claim(limit: int, using: str, *, now: datetime | None = None) -> tuple[str, 
 
     Of a key's pending rows only the oldest can be claimed: the next one waits until it is
     sent (or dead), so a key's messages are published one at a time, in the order written,
-    whatever the number of relays. Rows another relay holds are skipped (``SKIP LOCKED``).
-    Returns the lease id and the rows in the order written (by primary key).
+    whatever the number of relays. The rows behind it are held (``next_attempt_at`` is
+    ``NULL``, see :func:`release`), so a long backlog on one key costs a claim nothing; the
+    ``NOT EXISTS`` below settles the few rows two transactions wrote at once. Rows another
+    relay holds are skipped (``SKIP LOCKED``). Returns the lease id and the rows in the order
+    written (by primary key).
     """
     now = now or timezone.now()
     lease_id = str(uuid.uuid4())
     until = now + timedelta(seconds=outbox_settings.lease)
-    # ``key != ''`` lets PostgreSQL use the partial index on a key's pending rows.
-    earlier = (
-        OutboxMessage.objects.using(using)
-        .filter(key=OuterRef("key"), status=Status.PENDING, pk__lt=OuterRef("pk"))
-        .exclude(key="")
-    )
     rows = (
         OutboxMessage.objects.using(using)
         .filter(status=Status.PENDING, next_attempt_at__lte=now)
         .filter(Q(locked_until__isnull=True) | Q(locked_until__lt=now))
-        .filter(Q(key="") | ~Exists(earlier))
+        .filter(Q(key="") | first_of_key(using))
         .order_by("next_attempt_at", "pk")  # the pending index's order: LIMIT stops early
     )
     features = connections[using].features
@@ -89,13 +116,14 @@ def claim(limit: int, using: str, *, now: datetime | None = None) -> tuple[str, 
     ]
 
 
-def mark_sent(pks: list[int], lease_id: str, using: str) -> int:
-    """The broker confirmed these rows: ``sent``, in one statement. Returns how many this
-    relay still held (a row whose lease ran out and was taken over is left to the other)."""
+def mark_sent(pks: list[int], lease_id: str, using: str, keys: Iterable[str] = ()) -> int:
+    """The broker confirmed these rows: ``sent``, in one statement, then the next row of each
+    of their ``keys`` is released. Returns how many rows this relay still held (a row whose
+    lease ran out and was taken over is left to the other)."""
     if not pks:
         return 0
     now = timezone.now()
-    return (
+    sent = (
         OutboxMessage.objects.using(using)
         .filter(pk__in=pks, lease_id=lease_id, status=Status.PENDING)
         .update(
@@ -108,6 +136,92 @@ def mark_sent(pks: list[int], lease_id: str, using: str) -> int:
             last_error="",
         )
     )
+    release(keys, using, now=now)
+    return sent
+
+
+def release(keys: Iterable[str], using: str, *, now: datetime | None = None) -> int:
+    """Make due the oldest pending row of each key if it is held.
+
+    ``publish()`` holds a row (writes it without a due time) when its key already has a
+    pending row; the relay that settles that row calls this. A key's head is found by its own
+    index lookup (``ORDER BY id LIMIT 1``), however long the key's backlog. Returns how many
+    rows were released.
+    """
+    keys = sorted({key for key in keys if key})
+    if not keys:
+        return 0
+    now = now or timezone.now()
+    if connections[using].vendor == "postgresql":
+        return _release_postgresql(keys, using, now)
+    messages = OutboxMessage.objects.using(using)
+    pending = messages.filter(status=Status.PENDING).exclude(key="")
+    heads = Q()
+    for key in keys:
+        # The first entry of the key index from ``key`` on (see ``first_of_key``), if it is
+        # this key's.
+        head = pending.filter(key__gte=key).order_by("key", "pk").values("pk")[:1]
+        heads |= Q(pk=Subquery(head), key=key)
+    held = list(
+        messages.filter(heads, status=Status.PENDING, next_attempt_at__isnull=True).values_list(
+            "pk", flat=True
+        )
+    )
+    if not held:
+        return 0
+    return messages.filter(pk__in=held, status=Status.PENDING, next_attempt_at__isnull=True).update(
+        next_attempt_at=now
+    )
+
+
+def _release_postgresql(keys: list[str], using: str, now: datetime) -> int:
+    """``release()`` in one prepared statement: each key's head through a lateral lookup of
+    the key index (a statement of one subquery per key took longer to plan than to run),
+    gathered first into an array (``= ANY(ARRAY(...))``, computed once: as ``IN (...)`` the
+    planner may run the lookups once per held row)."""
+    table, quote = _table(using)
+    key, pk, status, due = quote("key"), quote("id"), quote("status"), quote("next_attempt_at")
+    sql = (
+        f"UPDATE {table} SET {due} = COALESCE({due}, %s) WHERE {pk} = ANY(ARRAY(SELECT head.{pk} "
+        f"FROM unnest(%s::text[]) AS k(name) CROSS JOIN LATERAL (SELECT e.{pk}, e.{key}, e.{due} "
+        f"FROM {table} e WHERE e.{status} = 'pending' AND e.{key} <> '' AND e.{key} >= k.name "
+        f"ORDER BY e.{key}, e.{pk} LIMIT 1) head "
+        f"WHERE head.{key} = k.name AND head.{due} IS NULL)) AND {status} = 'pending'"
+    )  # no "due IS NULL" here: with stale statistics it had the held rows scanned
+    with preparing.cursor(using) as cursor:
+        cursor.execute(sql, [now, keys])
+        return int(cursor.rowcount)
+
+
+def sweep(using: str, *, now: datetime | None = None) -> int:
+    """Release the held rows no earlier pending row holds back.
+
+    A row is held when ``publish()`` sees an earlier pending row of its key; if the relay
+    marks that row sent before the publishing transaction commits, its :func:`release` cannot
+    see the new row. Relays sweep every few seconds (and when they start) so such a row waits
+    at most that long. Reads one row per key with held rows, after grouping them.
+    """
+    messages = OutboxMessage.objects.using(using)
+    firsts = list(
+        messages.filter(status=Status.PENDING, next_attempt_at__isnull=True)
+        .exclude(key="")
+        .order_by()
+        .values("key")
+        .annotate(first=Min("pk"))
+        .values_list("first", flat=True)
+    )
+    if not firsts:
+        return 0
+    heads = list(
+        messages.filter(pk__in=firsts, status=Status.PENDING, next_attempt_at__isnull=True)
+        .filter(first_of_key(using))
+        .values_list("pk", flat=True)
+    )
+    if not heads:
+        return 0
+    return messages.filter(
+        pk__in=heads, status=Status.PENDING, next_attempt_at__isnull=True
+    ).update(next_attempt_at=now or timezone.now())
 
 
 def backoff(attempts: int) -> float:
@@ -124,14 +238,20 @@ def fail(row: Claimed, lease_id: str, error: str, using: str, *, dead: bool = Fa
     reason = storable(error)[:MAX_ERROR]
     if dead and row.attempts >= outbox_settings.max_attempts:
         reason = f"{reason} (giving up after {row.attempts} attempts)"[:MAX_ERROR]
-    OutboxMessage.objects.using(using).filter(pk=row.pk, lease_id=lease_id).update(
-        status=Status.DEAD if dead else Status.PENDING,
-        next_attempt_at=None if dead else now + timedelta(seconds=backoff(row.attempts)),
-        locked_until=None,
-        lease_id="",
-        last_error=reason,
-        updated_at=now,
+    changed = (
+        OutboxMessage.objects.using(using)
+        .filter(pk=row.pk, lease_id=lease_id)
+        .update(
+            status=Status.DEAD if dead else Status.PENDING,
+            next_attempt_at=None if dead else now + timedelta(seconds=backoff(row.attempts)),
+            locked_until=None,
+            lease_id="",
+            last_error=reason,
+            updated_at=now,
+        )
     )
+    if dead and changed:
+        release([row.key], using, now=now)  # a dead row holds back its key no longer
     return Status.DEAD if dead else Status.PENDING
 
 
