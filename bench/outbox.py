@@ -45,7 +45,7 @@ def _truncate_outbox() -> None:
 
 
 def bench_outbox() -> dict[str, Series]:
-    from django.db import transaction
+    from django.db import connection, transaction
     from django.db.models import F
     from kombu import Connection
     from shop.models import Stock
@@ -57,6 +57,7 @@ def bench_outbox() -> dict[str, Series]:
     series = {
         "outbox_bare_tx": Series(f"business transaction (one UPDATE), {N} transactions"),
         "outbox_publish": Series(f"the same transaction + publish(), {N} transactions"),
+        "outbox_round_trip": Series(f"the same transaction + one SELECT 1, {N} transactions"),
         "outbox_raw_bare": Series(f"raw psycopg: the transaction, {N} transactions"),
         "outbox_raw_insert": Series(f"raw psycopg: the transaction + the outbox INSERT, {N}"),
         "outbox_relay": Series(f"relay: {N} rows published with confirms, marked sent"),
@@ -65,12 +66,15 @@ def bench_outbox() -> dict[str, Series]:
     backend = django_backend_pid()
     _queue(declare=True)
 
-    def business(i: int, with_outbox: bool) -> None:
+    def business(i: int, extra: str) -> None:
         body = payload(i)
         with transaction.atomic():
             Stock.objects.filter(sku=body["sku"]).update(qty=F("qty") - 1)
-            if with_outbox:
+            if extra == "publish":
                 publish("bench.taken", body, routing_key=QUEUE, key=body["sku"])
+            elif extra == "round trip":  # the least any statement of publish()'s costs
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT 1")
 
     raw = _raw_floor()
     try:
@@ -81,14 +85,18 @@ def bench_outbox() -> dict[str, Series]:
                 _truncate_outbox()
                 with measuring(series[name], N, None):
                     raw(0, N, with_insert)
-            for name, with_outbox in (("outbox_bare_tx", False), ("outbox_publish", True)):
+            for name, extra in (
+                ("outbox_bare_tx", ""),
+                ("outbox_round_trip", "round trip"),
+                ("outbox_publish", "publish"),  # last: its rows are what the relay sends
+            ):
                 _truncate_outbox()
                 for i in range(200):  # warm up
-                    business(10**8 + i, with_outbox)
+                    business(10**8 + i, extra)
                 _truncate_outbox()
                 with measuring(series[name], N, backend):
                     for i in range(N):
-                        business(i, with_outbox)
+                        business(i, extra)
             # The rows the publish() run left are what the relay sends.
             relay = Relay(BROKERS["rabbitmq"], until_idle=0, poll_interval=0.01, batch_size=100)
             with measuring(series["outbox_relay"], N, backend):
@@ -97,8 +105,8 @@ def bench_outbox() -> dict[str, Series]:
                 raise RuntimeError(f"relay sent {stats.sent} of {N}")
             with Connection(
                 BROKERS["rabbitmq"], transport_options={"confirm_publish": True}
-            ) as connection:
-                producer = connection.Producer()
+            ) as broker:
+                producer = broker.Producer()
                 bodies = [json.dumps(payload(i)) for i in range(N)]
                 with measuring(series["outbox_kombu"], N, None):
                     for i, body in enumerate(bodies):
@@ -108,10 +116,12 @@ def bench_outbox() -> dict[str, Series]:
                             delivery_mode=2, mandatory=True,
                         )  # fmt: skip
             _queue(declare=True)  # empty it
-            rates = [f"{s.rates[-1]:7.0f}" for s in series.values()]
+            rate = {name: f"{one.rates[-1]:7.0f}" for name, one in series.items()}
             log(
-                f"   bare tx {rates[0]}, + publish {rates[1]} (raw {rates[2]}, + INSERT "
-                f"{rates[3]}), relay {rates[4]}, kombu {rates[5]} /s"
+                f"   bare tx {rate['outbox_bare_tx']}, + SELECT 1 {rate['outbox_round_trip']}, "
+                f"+ publish {rate['outbox_publish']} (raw {rate['outbox_raw_bare']}, + INSERT "
+                f"{rate['outbox_raw_insert']}), relay {rate['outbox_relay']}, kombu "
+                f"{rate['outbox_kombu']} /s"
             )
         series["outbox_relay"].extra.update(lag())
     finally:

@@ -33,6 +33,7 @@ ORDER = [
     ("2d", "drain_ordered"),
     ("2d", "drain_ordered_swapped"),
     ("8", "outbox_bare_tx"),
+    ("8", "outbox_round_trip"),
     ("8", "outbox_publish"),
     ("8", "outbox_raw_bare"),
     ("8", "outbox_raw_insert"),

@@ -180,6 +180,7 @@ class Limits(ReportData):
         bare_wall, _, _ = self.split("outbox_bare_tx")
         pub_wall, pub_client, pub_server = self.split("outbox_publish")
         relay = self.data["figures"].get("outbox_relay", {})
+        ceiling = self.ratio("outbox_round_trip", "outbox_bare_tx")
         lag = (
             f" Under a steady load ({_f(relay.get('lag_rate'))} rows/s written), a row is sent "
             f"{_f(relay.get('lag_p50_ms'))} ms after it was written (p50), "
@@ -191,7 +192,15 @@ class Limits(ReportData):
             f"- **8. outbox: a business transaction with `publish()` = {_f(pub_wall)} µs against "
             f"{_f(bare_wall)} without** ({_f(pub_client)} µs client CPU, {_f(pub_server)} µs "
             "PostgreSQL CPU with it): one more round trip, the prepared `INSERT` of the row and "
-            "its four index entries. **The relay publishes "
+            "its four index entries."
+            + (
+                f" The same transaction with one `SELECT 1` more runs at {_f(ceiling, 2)} of "
+                "the bare one: no `publish()` that writes in the caller's transaction can do "
+                "better than that round trip."
+                if ceiling
+                else ""
+            )
+            + " **The relay publishes "
             f"{_f(self.median('outbox_relay'))} msg/s against "
             f"{_f(self.median('outbox_kombu'))} for a plain kombu producer** waiting for each "
             "confirm: the relay publishes a batch of 100, then waits for their confirms "

@@ -69,6 +69,13 @@ RATIOS = [
         "publish_overhead",
     ),
     (
+        "one more round trip: the transaction + SELECT 1 / the transaction alone (a ceiling for"
+        " publish_overhead)",
+        "outbox_round_trip",
+        "outbox_bare_tx",
+        "round_trip_ceiling",
+    ),
+    (
         "outbox floor: raw psycopg transaction + the outbox INSERT / the transaction alone",
         "outbox_raw_insert",
         "outbox_raw_bare",
