@@ -121,43 +121,6 @@ def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
     return errors
 
 
-def _outbox_errors() -> list[CheckMessage]:
-    """E018: the outbox's settings (``django_inbox.outbox``)."""
-    errors: list[CheckMessage] = []
-    attempts = _setting("INBOX_OUTBOX_MAX_ATTEMPTS")
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        errors.append(
-            Error(
-                f"INBOX_OUTBOX_MAX_ATTEMPTS must be a positive integer, got {attempts!r}.",
-                id="django_inbox.E018",
-            )
-        )
-    seconds: dict[str, float] = {}
-    for name in (
-        "INBOX_OUTBOX_BACKOFF_BASE", "INBOX_OUTBOX_BACKOFF_MAX", "INBOX_OUTBOX_LEASE",
-        "INBOX_OUTBOX_CONFIRM_TIMEOUT", "INBOX_OUTBOX_RETENTION",
-    ):  # fmt: skip
-        try:
-            seconds[name] = to_seconds(_setting(name))
-            if seconds[name] <= 0:
-                raise ValueError("it must be more than zero seconds")
-        except ValueError as exc:
-            errors.append(Error(f"{name}: {exc}.", id="django_inbox.E018"))
-    lease = seconds.get("INBOX_OUTBOX_LEASE")
-    timeout = seconds.get("INBOX_OUTBOX_CONFIRM_TIMEOUT")
-    if lease and timeout and lease < 2 * timeout:
-        errors.append(
-            Error(
-                f"INBOX_OUTBOX_LEASE ({lease:g}s) is less than twice INBOX_OUTBOX_CONFIRM_TIMEOUT "
-                f"({timeout:g}s): a relay still waiting for confirms would lose its rows to "
-                "another relay, which publishes them again.",
-                hint="Raise the lease or lower the confirm timeout.",
-                id="django_inbox.E018",
-            )
-        )
-    return errors
-
-
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     errors = _policy_errors("INBOX_*", {key: _setting(name) for key, name in POLICY_KEYS.items()})
@@ -196,8 +159,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                     id="django_inbox.W001",
                 )
             )
-
-    errors.extend(_outbox_errors())
 
     unhandled = _setting("INBOX_UNHANDLED")
     if unhandled not in UNHANDLED_CHOICES:

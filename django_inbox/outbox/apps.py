@@ -8,3 +8,6 @@ class OutboxConfig(AppConfig):
     label = "django_inbox_outbox"
     verbose_name = _("Transactional outbox")
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the outbox's system check)

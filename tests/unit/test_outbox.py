@@ -163,15 +163,16 @@ def test_the_admin_refuses_payload_filters_without_the_permission_and_nul_in_fil
 
 
 def test_the_outbox_settings_are_checked() -> None:
-    from django.test import override_settings
+    from django.core.checks import run_checks
 
-    from django_inbox.checks import check_settings
+    def e018() -> int:  # registered by the outbox app: run with every other check
+        return [e.id for e in run_checks()].count("django_inbox.E018")
 
     with override_settings(INBOX_OUTBOX_LEASE=10, INBOX_OUTBOX_CONFIRM_TIMEOUT=10):
-        assert [e.id for e in check_settings()].count("django_inbox.E018") == 1
+        assert e018() == 1
     with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=0, INBOX_OUTBOX_BACKOFF_BASE="soon"):
-        assert [e.id for e in check_settings()].count("django_inbox.E018") == 2
-    assert "django_inbox.E018" not in [e.id for e in check_settings()]
+        assert e018() == 2
+    assert e018() == 0
 
 
 def keyed(key: str, n: int) -> list[str]:
