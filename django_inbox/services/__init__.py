@@ -8,22 +8,16 @@ reclaim, replay or delete a row twice.
 - :mod:`~django_inbox.services.reclaim`: rows whose worker died;
 - :mod:`~django_inbox.services.purge`: deleting rows past their retention;
 - :mod:`~django_inbox.services.selection`: finding and counting rows for an operator;
-- :mod:`~django_inbox.services.operator`: replaying, parking, retrying now;
+- :mod:`~django_inbox.services.operator`: replaying, parking, retrying now (what they share:
+  :mod:`~django_inbox.services.actions`; an ordered consumer's re-run:
+  :mod:`~django_inbox.services.rerun`; skipping: :mod:`~django_inbox.services.skipping`);
 - :mod:`~django_inbox.services.stats`: counts, problems, known consumers.
 """
 
 from __future__ import annotations
 
-from .operator import (
-    PARKABLE,
-    REPLAYABLE,
-    RETRYABLE,
-    SKIPPABLE,
-    ActionResult,
-    park,
-    replay,
-    retry_now,
-)
+from .actions import ActionResult
+from .operator import PARKABLE, REPLAYABLE, RETRYABLE, SKIPPABLE, park, replay, retry_now
 from .process import (
     AckMode,
     BrokerConsumer,

@@ -9,21 +9,22 @@ operators (or an operator and a worker) acting at once never change a row twice.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Required, TypedDict, Unpack
+from typing import Any, Unpack
 
 from django.db import connections, transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from .. import events, gaps, history, ordering
+from .. import gaps, history, ordering
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxMessage
 from . import rerun
+from .actions import ActionOptions as ActionOptions
+from .actions import ActionResult as ActionResult
+from .actions import options_of, report
 
 Status = InboxMessage.Status
 
@@ -32,46 +33,6 @@ REPLAYABLE = (Status.DEAD, Status.PARKED)
 PARKABLE = (Status.RECEIVED, Status.FAILED, Status.DEAD)
 RETRYABLE = (Status.FAILED,)
 SKIPPABLE = (Status.RECEIVED, Status.FAILED, Status.DEAD, Status.PARKED, Status.WAITING)
-
-
-@dataclass
-class ActionResult:
-    """What an action did (or, with ``dry_run``, would do)."""
-
-    action: str
-    dry_run: bool = False
-    #: Rows changed, by the status they had.
-    changed: Counter[str] = field(default_factory=Counter)
-    #: Rows selected but left alone, by reason.
-    refused: Counter[str] = field(default_factory=Counter)
-    #: ``(pk, consumer, message_id, previous status)`` of the rows changed: the first ``keep``
-    #: (all of them when ``keep`` is ``None``).
-    rows: list[tuple[int, str, str, str]] = field(default_factory=list)
-    #: What an operator should know (an ordered consumer's re-run, per key), and how many
-    #: more such notes were left out.
-    notes: list[str] = field(default_factory=list)
-    more_notes: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(self.changed.values())
-
-
-class ActionOptions(TypedDict, total=False):
-    """The keyword arguments every action takes (see the API reference)."""
-
-    #: Who acts, for the history: ``user@host (command)``, ``alice (admin user 3)``.
-    actor: Required[str]
-    #: Why; kept in each changed row's history.
-    reason: str
-    #: Count what would change; change and lock nothing.
-    dry_run: bool
-    #: How: ``"command"``, ``"admin"``; ``"python"`` by default.
-    via: str
-    #: Rows locked and changed per transaction (500).
-    batch_size: int
-    #: How many changed rows :attr:`ActionResult.rows` lists (100; ``None``: all).
-    keep: int | None
 
 
 def replay(
@@ -134,47 +95,8 @@ def replay(
     plain, versions = rerun.split(rows)
     result = _act("replay", plain, statuses, decide, change, options, after=past_gaps)
     if versions.exists():
-        _rerun_versions(versions, refusal, options, result)
+        rerun.rerun_versions(versions, refusal, options, result)
     return result
-
-
-def _rerun_versions(
-    versions: QuerySet[InboxMessage],
-    refusal: Callable[[str], str | None],
-    options: ActionOptions,
-    result: ActionResult,
-) -> None:
-    """Re-run ordered consumers' completed versions, one key at a time (its own transaction)."""
-    actor, reason, via, dry_run, keep = _options("replay", options)
-    using = inbox_settings.database
-    entry = history.action_entry(
-        "replay", at=timezone.now(), actor=actor, reason=reason, previous_status="", attempts=0,
-        via=via,
-    )  # fmt: skip
-    for start in rerun.starts(versions):
-        consumer, key, first = start["consumer"], start["key"], int(start["first"])
-        refused = refusal(consumer)
-        if refused is not None:
-            result.refused[refused] += start["selected"]
-            continue
-        if dry_run:
-            key_plan = rerun.plan(consumer, key, first, using, lock=False)
-        else:
-            key_plan = rerun.rerun_key(consumer, key, first, entry, using)
-            _report("replay", key_plan.runs, actor, via, reason, using)
-        key_plan.selected = start["selected"]
-        if rerun.unplanned(key_plan):
-            result.refused[rerun.NOT_APPLIED] += rerun.unplanned(key_plan)
-        for row in (*key_plan.runs, *key_plan.skips):
-            result.changed[row.status] += 1
-            if keep is None or len(result.rows) < keep:
-                result.rows.append((row.pk, consumer, row.message_id, row.status))
-        said = rerun.note(key_plan)
-        if said is not None:
-            if len(result.notes) < rerun.MAX_NOTES:
-                result.notes.append(said)
-            else:
-                result.more_notes += 1
 
 
 def park(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> ActionResult:
@@ -196,23 +118,6 @@ def retry_now(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) ->
     return _act("retry", rows, RETRYABLE, None, change, options)
 
 
-def _options(action: str, options: ActionOptions) -> tuple[str, str, str, bool, int | None]:
-    unknown = set(options) - set(ActionOptions.__annotations__)
-    if unknown or "actor" not in options:
-        raise TypeError(
-            f"{action}: unexpected keyword argument(s) {sorted(unknown)!r}"
-            if unknown
-            else f"{action}: the keyword argument 'actor' is required"
-        )
-    return (
-        options["actor"],
-        options.get("reason", ""),
-        options.get("via", "python"),
-        options.get("dry_run", False),
-        options.get("keep", 100),
-    )
-
-
 def _act(
     action: str,
     rows: QuerySet[InboxMessage],
@@ -224,7 +129,7 @@ def _act(
 ) -> ActionResult:
     """Change the rows of ``rows`` in ``statuses`` that ``decide`` accepts with ``change``,
     in batches; ``after`` gets each batch's changed rows once it has committed."""
-    actor, reason, via, dry_run, keep = _options(action, options)
+    actor, reason, via, dry_run, keep = options_of(action, options)
     batch_size = options.get("batch_size", 500)
     using = inbox_settings.database
     result = ActionResult(action=action, dry_run=dry_run)
@@ -282,7 +187,7 @@ def _act(
                         r for r in accepted if _update_row(r, change(now, r.status), entry, now)
                     ]
             if not dry_run:
-                _report(action, accepted, actor, via, reason, using)
+                report(action, accepted, actor, via, reason, using)
         if after is not None and not dry_run and accepted:
             after(accepted)
         for row in accepted:
@@ -301,25 +206,3 @@ def _update_row(
         .filter(pk=row.pk, status=row.status)
         .update(**changes, history=history.append(row.history, entry), updated_at=now)
     )
-
-
-#: The event each action reports per row (retry now changes no status: no event).
-_EVENTS = {"replay": "replayed", "park": "parked"}
-
-
-def _report(
-    action: str, rows: list[InboxMessage], actor: str, via: str, reason: str, using: str
-) -> None:
-    kind = _EVENTS.get(action)
-    if kind is None:
-        return
-    for row in rows:
-        events.event(
-            kind,
-            **events.about(row, using),
-            detail=f"by {actor} via {via}, was {row.status}",
-            actor=actor,
-            via=via,
-            reason=reason,
-            previous_status=row.status,
-        )

@@ -22,6 +22,7 @@ reaches it (:func:`django_inbox.gaps.park_expired_gaps`), with a ``past_gap`` hi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,6 +35,7 @@ from .. import gaps, history, ordering
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxKey, InboxMessage
+from .actions import ActionOptions, ActionResult, options_of, report
 
 Status = InboxMessage.Status
 
@@ -254,3 +256,42 @@ def note(key_plan: KeyPlan) -> str | None:
     return f"{key_plan.consumer} key {key_plan.key!r} from sequence {key_plan.first}: " + "; ".join(
         parts
     )
+
+
+def rerun_versions(
+    versions: QuerySet[InboxMessage],
+    refusal: Callable[[str], str | None],
+    options: ActionOptions,
+    result: ActionResult,
+) -> None:
+    """Re-run ordered consumers' completed versions, one key at a time (its own transaction)."""
+    actor, reason, via, dry_run, keep = options_of("replay", options)
+    using = inbox_settings.database
+    entry = history.action_entry(
+        "replay", at=timezone.now(), actor=actor, reason=reason, previous_status="", attempts=0,
+        via=via,
+    )  # fmt: skip
+    for start in starts(versions):
+        consumer, key, first = start["consumer"], start["key"], int(start["first"])
+        refused = refusal(consumer)
+        if refused is not None:
+            result.refused[refused] += start["selected"]
+            continue
+        if dry_run:
+            key_plan = plan(consumer, key, first, using, lock=False)
+        else:
+            key_plan = rerun_key(consumer, key, first, entry, using)
+            report("replay", key_plan.runs, actor, via, reason, using)
+        key_plan.selected = start["selected"]
+        if unplanned(key_plan):
+            result.refused[NOT_APPLIED] += unplanned(key_plan)
+        for row in (*key_plan.runs, *key_plan.skips):
+            result.changed[row.status] += 1
+            if keep is None or len(result.rows) < keep:
+                result.rows.append((row.pk, consumer, row.message_id, row.status))
+        said = note(key_plan)
+        if said is not None:
+            if len(result.notes) < MAX_NOTES:
+                result.notes.append(said)
+            else:
+                result.more_notes += 1

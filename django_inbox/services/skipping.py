@@ -12,7 +12,8 @@ from django.utils import timezone
 from .. import events, history, ordering
 from ..conf import inbox_settings
 from ..models import InboxMessage
-from .operator import SKIPPABLE, ActionOptions, ActionResult, _options
+from .actions import ActionOptions, ActionResult, options_of
+from .operator import SKIPPABLE
 
 Status = InboxMessage.Status
 
@@ -26,7 +27,7 @@ def skip(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> Acti
     Each row is decided in its own transaction holding its key's lock (taken before the row's,
     in the order workers take them).
     """
-    actor, reason, via, dry_run, keep = _options("skip", options)
+    actor, reason, via, dry_run, keep = options_of("skip", options)
     using = inbox_settings.database
     result = ActionResult(action="skip", dry_run=dry_run)
     candidates = (
