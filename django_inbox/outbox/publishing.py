@@ -105,6 +105,9 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
     from .models import OutboxMessage
 
     connection = connections[using]
+    # MySQL and MariaDB refuse a subquery on the table an INSERT writes: there rows are never
+    # held, and a claim passes over the later rows of a key instead (``rows.first_of_key``).
+    holds = connection.vendor in ("postgresql", "sqlite")
     sql = _sql.get((using, connection.vendor))
     if sql is None:
         quote = connection.ops.quote_name
@@ -118,6 +121,8 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
             f"CASE WHEN %s = '' OR NOT EXISTS (SELECT 1 FROM (SELECT e.{key} FROM {table} e "
             f"WHERE e.{quote('status')} = 'pending' AND e.{key} <> '' AND e.{key} >= %s "
             f"ORDER BY e.{key}, e.{quote('id')} LIMIT 1) next WHERE next.{key} = %s) THEN %s END"
+            if holds
+            else "%s"
         )
         sql = _sql[(using, connection.vendor)] = (
             f"INSERT INTO {table} ({', '.join(quote(column) for column in _COLUMNS)}) "
@@ -126,5 +131,6 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
         )
     stamp = connection.ops.adapt_datetimefield_value(timezone.now())
     key = values[-1]
+    due_params = [key, key, key, stamp] if holds else [stamp]
     with preparing.cursor(using) as cursor:
-        cursor.execute(sql, [*values, stamp, stamp, key, key, key, stamp, *cause])
+        cursor.execute(sql, [*values, stamp, stamp, *due_params, *cause])
