@@ -144,9 +144,11 @@ def release(keys: Iterable[str], using: str, *, now: datetime | None = None) -> 
     """Make due the oldest pending row of each key if it is held.
 
     ``publish()`` holds a row (writes it without a due time) when its key already has a
-    pending row; the relay that settles that row calls this. A key's head is found by its own
-    index lookup (``ORDER BY id LIMIT 1``), however long the key's backlog. Returns how many
-    rows were released.
+    pending row; the relay that settles that row calls this. A key's oldest pending row is the
+    first entry of the key index from the key on (``ORDER BY key, id LIMIT 1``, as in
+    :func:`first_of_key`): one entry read, however long the key's backlog. Making a key's
+    oldest pending row due is always right, whoever calls this and however often. Returns how
+    many rows were released.
     """
     keys = sorted({key for key in keys if key})
     if not keys:
