@@ -141,6 +141,19 @@ def test_a_keys_rows_are_published_in_the_order_written(queue: str) -> None:
     assert by_key == {f"k{k}": list(range(k, 30, 3)) for k in range(3)}
 
 
+def test_a_row_left_held_by_a_race_is_published_by_the_next_relay(queue: str) -> None:
+    """The second row of a key was written while the relay marked the first sent, and
+    committed after the relay's release looked: only the relay's sweep makes it due."""
+    first = publish("v", {"n": 0}, routing_key=queue, key="k")
+    for n in (1, 2):  # held behind the first
+        publish("v", {"n": n}, routing_key=queue, key="k")
+    OutboxMessage.objects.filter(message_id=first).update(status=Status.SENT)  # no release
+    stats = relay().run()
+    assert stats.sent == 2
+    assert [body["n"] for _, _, body in received(queue)] == [1, 2]
+    assert set(OutboxMessage.objects.values_list("status", flat=True)) == {Status.SENT}
+
+
 def test_messages_the_broker_nacks_are_not_sent() -> None:
     """A queue that rejects publications past its length makes RabbitMQ nack them."""
     name = brokers.new_queue_name("outbox-full")
