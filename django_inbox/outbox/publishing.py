@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.utils import timezone
 
 from ..conf import inbox_settings
@@ -101,20 +102,26 @@ _sql: dict[tuple[str, str], str] = {}
 
 def _insert(values: list[Any], cause: list[str], using: str) -> None:
     """One ``INSERT`` with the JSON already encoded (prepared on PostgreSQL, as the inbox's
-    own statements are)."""
+    own statements are).
+
+    A row whose key already has a pending row is written held (no due time): relays' claims
+    never read it, and the relay that settles the earlier row makes it due. If that relay
+    settled it while this transaction was still open, its release could not see this row: so
+    once this transaction commits, a held row is released here too if nothing holds it back
+    any more. (Had the caller's process died in between, a relay's sweep releases it.)
+    """
     from .models import OutboxMessage
 
     connection = connections[using]
     # MySQL and MariaDB refuse a subquery on the table an INSERT writes: there rows are never
     # held, and a claim passes over the later rows of a key instead (``rows.first_of_key``).
     holds = connection.vendor in ("postgresql", "sqlite")
+    returns = holds and connection.features.can_return_columns_from_insert
     sql = _sql.get((using, connection.vendor))
     if sql is None:
         quote = connection.ops.quote_name
         table = quote(OutboxMessage._meta.db_table)
         json = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
-        # A row whose key already has a pending row is held (no due time): relays' claims
-        # never scan it, and the relay that settles the earlier row makes it due.
         # The first entry of the key index from the key on (``rows.first_of_key`` says why).
         key = quote("key")
         due = (
@@ -127,10 +134,19 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
         sql = _sql[(using, connection.vendor)] = (
             f"INSERT INTO {table} ({', '.join(quote(column) for column in _COLUMNS)}) "
             f"VALUES (%s, %s, {json}, {json}, %s, %s, %s, 'pending', 0, '', %s, %s, {due}, '', "
-            "%s, %s)"
+            "%s, %s)" + (f" RETURNING {quote('next_attempt_at')} IS NULL" if returns else "")
         )
     stamp = connection.ops.adapt_datetimefield_value(timezone.now())
     key = values[-1]
     due_params = [key, key, key, stamp] if holds else [stamp]
     with preparing.cursor(using) as cursor:
         cursor.execute(sql, [*values, stamp, stamp, *due_params, *cause])
+        held = bool(cursor.fetchone()[0]) if returns else bool(key and holds)
+    if held:
+        transaction.on_commit(partial(_release_after_commit, key, using), using=using, robust=True)
+
+
+def _release_after_commit(key: str, using: str) -> None:
+    from .rows import release
+
+    release([key], using)

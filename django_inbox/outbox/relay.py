@@ -32,8 +32,10 @@ logger = logging.getLogger("django_inbox.outbox")
 
 #: Seconds between reconnection attempts: doubling from the first to the last.
 RECONNECT_FIRST, RECONNECT_MAX = 0.5, 10.0
-#: Seconds between sweeps for held rows that nothing released (see ``rows.sweep``).
-SWEEP_EVERY = 5.0
+#: Seconds between sweeps for held rows that nothing released (see ``rows.sweep``): every
+#: ``SWEEP_EVERY``, or less often if a sweep would take more than ``SWEEP_COST`` of the time
+#: (it reads every held row).
+SWEEP_EVERY, SWEEP_COST = 5.0, 0.05
 
 
 @dataclass
@@ -83,6 +85,7 @@ class Relay:
         self._publisher: Publisher | None = None
         self._reconnect_delay = RECONNECT_FIRST
         self._swept_at: float | None = None
+        self._sweep_every = SWEEP_EVERY
 
     def run(self) -> RelayStats:
         idle_since = time.monotonic()
@@ -114,13 +117,21 @@ class Relay:
         return self.stats
 
     def _sweep(self) -> None:
-        """Every ``SWEEP_EVERY`` seconds (and first thing), release held rows that a race
-        left held."""
-        now = time.monotonic()
-        if self._swept_at is not None and now - self._swept_at < SWEEP_EVERY:
+        """Now and then (and first thing), release held rows that nothing else released: the
+        publisher of such a row died between its commit and its own release. Best effort: a
+        sweep that fails is logged and tried again later, and claims go on."""
+        began = time.monotonic()
+        if self._swept_at is not None and began - self._swept_at < self._sweep_every:
             return
-        released = rows.sweep(self.using)
-        self._swept_at = now
+        try:
+            released = rows.sweep(self.using)
+        except DatabaseError as exc:
+            if connection_lost(exc, self.using):
+                raise
+            logger.error("outbox relay: the sweep for held rows failed (%s); going on", exc)
+            released = 0
+        self._swept_at = time.monotonic()
+        self._sweep_every = max(SWEEP_EVERY, (self._swept_at - began) / SWEEP_COST)
         if released:
             logger.info("outbox relay: released %d held row(s) of settled keys", released)
 

@@ -25,6 +25,8 @@ from .settings import outbox_settings
 
 Status = OutboxMessage.Status
 MAX_ERROR = 2000
+#: Keys ``sweep()`` looks at per statement.
+SWEEP_CHUNK = 1000
 
 
 def _table(using: str) -> tuple[str, Callable[[str], str]]:
@@ -198,10 +200,11 @@ def _release_postgresql(keys: list[str], using: str, now: datetime) -> int:
 def sweep(using: str, *, now: datetime | None = None) -> int:
     """Release the held rows no earlier pending row holds back.
 
-    A row is held when ``publish()`` sees an earlier pending row of its key; if the relay
-    marks that row sent before the publishing transaction commits, its :func:`release` cannot
-    see the new row. Relays sweep every few seconds (and when they start) so such a row waits
-    at most that long. Reads one row per key with held rows, after grouping them.
+    A row is held when ``publish()`` sees an earlier pending row of its key. The relay that
+    settles that row releases the next one, and so does the publisher once it commits (the
+    relay may have looked while its transaction was open); if the publisher's process died
+    in between, the row is held with nothing ahead of it. Relays sweep every few seconds (and
+    when they start). Reads every held row, to group them by key.
     """
     messages = OutboxMessage.objects.using(using)
     firsts = list(
@@ -212,18 +215,25 @@ def sweep(using: str, *, now: datetime | None = None) -> int:
         .annotate(first=Min("pk"))
         .values_list("first", flat=True)
     )
-    if not firsts:
-        return 0
-    heads = list(
-        messages.filter(pk__in=firsts, status=Status.PENDING, next_attempt_at__isnull=True)
-        .filter(first_of_key(using))
-        .values_list("pk", flat=True)
-    )
-    if not heads:
-        return 0
-    return messages.filter(
-        pk__in=heads, status=Status.PENDING, next_attempt_at__isnull=True
-    ).update(next_attempt_at=now or timezone.now())
+    now = now or timezone.now()
+    released = 0
+    # By chunks: a parameter per key could pass the 65,535 that PostgreSQL takes (under
+    # server-side binding) once that many keys have held rows, as after a broker outage.
+    for start in range(0, len(firsts), SWEEP_CHUNK):
+        heads = list(
+            messages.filter(
+                pk__in=firsts[start : start + SWEEP_CHUNK],
+                status=Status.PENDING,
+                next_attempt_at__isnull=True,
+            )
+            .filter(first_of_key(using))
+            .values_list("pk", flat=True)
+        )
+        if heads:
+            released += messages.filter(
+                pk__in=heads, status=Status.PENDING, next_attempt_at__isnull=True
+            ).update(next_attempt_at=now)
+    return released
 
 
 def backoff(attempts: int) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connections
 from django.db.models import Count, Min, QuerySet
@@ -17,22 +18,28 @@ Status = OutboxMessage.Status
 
 
 def replay(rows: QuerySet[OutboxMessage]) -> int:
-    """Send the ``dead`` rows among ``rows`` back to ``pending``, due now, with a fresh set of
-    attempts and the same message id (the receiver deduplicates a copy it already has).
-    Returns how many rows changed."""
+    """Send the ``dead`` rows among ``rows`` back to ``pending``, with a fresh set of attempts
+    and the same message id (the receiver deduplicates a copy it already has). Rows without a
+    key are due now; a key's rows are held, as ``publish()`` writes a row behind another of
+    its key, and then each key's oldest pending row is made due: replayed rows of one key go
+    out one at a time, and claims don't read past them. Returns how many rows changed."""
+    from .rows import sweep
+
     now = timezone.now()
-    return (
-        rows.using(inbox_settings.database)
-        .filter(status=Status.DEAD)
-        .update(
-            status=Status.PENDING,
-            attempts=0,
-            next_attempt_at=now,
-            locked_until=None,
-            lease_id="",
-            updated_at=now,
-        )
-    )
+    using = inbox_settings.database
+    dead = rows.using(using).filter(status=Status.DEAD)
+    changes: dict[str, Any] = {
+        "status": Status.PENDING,
+        "attempts": 0,
+        "locked_until": None,
+        "lease_id": "",
+        "updated_at": now,
+    }
+    changed = dead.filter(key="").update(next_attempt_at=now, **changes)
+    keyed = dead.exclude(key="").update(next_attempt_at=None, **changes)
+    if keyed:
+        sweep(using, now=now)
+    return changed + keyed
 
 
 #: Above this many rows (PostgreSQL's estimate), ``sent`` rows are estimated, not counted.

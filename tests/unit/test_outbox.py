@@ -3,7 +3,6 @@ list and replay of dead rows, the command's refusals, and publish() suppressed i
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -11,15 +10,12 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection, transaction
 from django.test import Client, override_settings
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_inbox import deliver
 from django_inbox.models import InboxMessage
 from django_inbox.outbox import publish
-from django_inbox.outbox import rows as relay_rows
 from django_inbox.outbox.models import OutboxMessage
 from django_inbox.services import collect, operator, select
 from django_inbox.worker import Worker
@@ -80,7 +76,8 @@ def test_purge_outbox_deletes_old_sent_rows_only() -> None:
 def test_the_admin_lists_rows_and_replays_dead_ones_with_their_message_id() -> None:
     dead = rows(2, status=Status.DEAD, attempts=10, last_error="unroutable: no queue")
     rows(1)
-    keyed("order-9", 2)  # the second is held behind the first
+    for n in range(2):  # the second is held behind the first
+        publish("order.placed", {"n": n}, routing_key="orders", key="order-9")
     user = User.objects.create_user("ops", password="pw", is_staff=True)
     user.user_permissions.add(
         *Permission.objects.filter(codename__in=["view_outboxmessage", "replay_outboxmessage"])
@@ -173,79 +170,3 @@ def test_the_outbox_settings_are_checked() -> None:
     with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=0, INBOX_OUTBOX_BACKOFF_BASE="soon"):
         assert e018() == 2
     assert e018() == 0
-
-
-def keyed(key: str, n: int) -> list[str]:
-    ids = [publish("order.placed", {"n": i}, routing_key="orders", key=key) for i in range(n)]
-    return [i for i in ids if i is not None]
-
-
-def due_rows(key: str) -> list[str]:
-    return list(
-        OutboxMessage.objects.filter(key=key, status=Status.PENDING, next_attempt_at__isnull=False)
-        .order_by("pk")
-        .values_list("message_id", flat=True)
-    )
-
-
-def test_a_keys_later_rows_are_held_until_the_one_before_is_settled() -> None:
-    first, second, third = keyed("order-1", 3)
-    other = keyed("order-2", 1)
-    assert due_rows("order-1") == [first] and due_rows("order-2") == other
-    lease, claimed = relay_rows.claim(10, "default")
-    assert sorted(row.message_id for row in claimed) == sorted([first, *other])
-    pks = {row.message_id: row.pk for row in claimed}
-    relay_rows.mark_sent([pks[first]], lease, "default", keys=["order-1"])
-    assert due_rows("order-1") == [second]  # released by the mark, the third still held
-    lease, claimed = relay_rows.claim(10, "default")
-    assert [row.message_id for row in claimed] == [second]
-    with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=1):
-        assert relay_rows.fail(claimed[0], lease, "refused", "default") == Status.DEAD
-    assert due_rows("order-1") == [third]  # a dead row holds its key back no longer
-
-
-def test_a_claim_reads_a_hot_keys_head_only_however_long_its_backlog() -> None:
-    hot = keyed("hot", 400)
-    others = [keyed(f"cold-{i}", 1)[0] for i in range(5)]
-    assert due_rows("hot") == hot[:1]
-    if connection.vendor == "postgresql":
-        # With statistics saying one key fills the table, a claim still reads a handful of
-        # index entries: the due rows, and one key-index entry per keyed due row. (Before
-        # rows were held it walked the hot key's 399 later rows; with a plain NOT EXISTS,
-        # PostgreSQL checked the hot key's head by a scan of the whole table.)
-        with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {OutboxMessage._meta.db_table}")
-        with CaptureQueriesContext(connection) as queries:
-            _, claimed = relay_rows.claim(100, "default")
-        claim_sql = next(q["sql"] for q in queries if "SKIP LOCKED" in q["sql"])
-        OutboxMessage.objects.update(locked_until=None)
-        with connection.cursor() as cursor, transaction.atomic():
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_sql)
-            plan = cursor.fetchone()[0]
-        read = _rows_read(plan[0]["Plan"])
-        assert 0 < read <= 60, json.dumps(plan, indent=1)
-    else:
-        _, claimed = relay_rows.claim(100, "default")
-    assert sorted(row.message_id for row in claimed) == sorted([hot[0], *others])
-
-
-def _rows_read(node: dict[str, Any]) -> int:
-    """Rows the scans of a plan read (kept or filtered out), over all their loops."""
-    read = 0
-    if "Scan" in node["Node Type"]:
-        kept = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-        read = kept * node.get("Actual Loops", 1)
-    return read + sum(_rows_read(child) for child in node.get("Plans", []))
-
-
-def test_a_row_held_behind_a_row_sent_before_it_committed_is_released_by_the_sweep() -> None:
-    first, second = keyed("order-1", 2)
-    # The race: the relay marked the first sent before the transaction writing the second
-    # committed, so its release did not see it. Nothing else makes the second due.
-    OutboxMessage.objects.filter(message_id=first).update(status=Status.SENT)
-    blocked, _behind = keyed("order-2", 2)
-    assert due_rows("order-1") == []
-    assert relay_rows.sweep("default") == 1
-    assert due_rows("order-1") == [second]
-    assert due_rows("order-2") == [blocked]  # still behind a pending row: left held
-    assert relay_rows.sweep("default") == 0

@@ -1,0 +1,226 @@
+"""The outbox's held rows: a row written behind a pending row of its key waits without a due
+time, so claims never read a key's backlog; the relay that settles the earlier row, the
+publisher once it commits, and the relays' sweep make it due. Against the real database, no
+broker (tests/system/test_outbox.py has the relay)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from django_inbox.outbox import publish, services
+from django_inbox.outbox import rows as relay_rows
+from django_inbox.outbox.models import OutboxMessage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+Status = OutboxMessage.Status
+TABLE = OutboxMessage._meta.db_table
+COLUMNS = (
+    "message_id, event_type, payload, headers, exchange, routing_key, key, status, attempts, "
+    "last_error, created_at, updated_at, next_attempt_at, lease_id, causation_consumer, "
+    "causation_message_id"
+)
+
+
+def keyed(key: str, n: int) -> list[str]:
+    ids = [publish("order.placed", {"n": i}, routing_key="orders", key=key) for i in range(n)]
+    return [i for i in ids if i is not None]
+
+
+def due_rows(key: str) -> list[str]:
+    return list(
+        OutboxMessage.objects.filter(key=key, status=Status.PENDING, next_attempt_at__isnull=False)
+        .order_by("pk")
+        .values_list("message_id", flat=True)
+    )
+
+
+def test_a_keys_later_rows_are_held_until_the_one_before_is_settled() -> None:
+    first, second, third = keyed("order-1", 3)
+    other = keyed("order-2", 1)
+    assert due_rows("order-1") == [first] and due_rows("order-2") == other
+    lease, claimed = relay_rows.claim(10, "default")
+    assert sorted(row.message_id for row in claimed) == sorted([first, *other])
+    pks = {row.message_id: row.pk for row in claimed}
+    relay_rows.mark_sent([pks[first]], lease, "default", keys=["order-1"])
+    assert due_rows("order-1") == [second]  # released by the mark, the third still held
+    lease, claimed = relay_rows.claim(10, "default")
+    assert [row.message_id for row in claimed] == [second]
+    with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=1):
+        assert relay_rows.fail(claimed[0], lease, "refused", "default") == Status.DEAD
+    assert due_rows("order-1") == [third]  # a dead row holds its key back no longer
+
+
+def test_a_claim_reads_a_hot_keys_head_only_however_long_its_backlog() -> None:
+    hot = keyed("hot", 400)
+    others = [keyed(f"cold-{i}", 1)[0] for i in range(5)]
+    assert due_rows("hot") == hot[:1]
+    if connection.vendor == "postgresql":
+        # With statistics saying one key fills the table, a claim still reads a handful of
+        # index entries: the due rows, and one key-index entry per keyed due row. (Before
+        # rows were held it walked the hot key's 399 later rows; with a plain NOT EXISTS,
+        # PostgreSQL checked the hot key's head by a scan of the whole table.)
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {OutboxMessage._meta.db_table}")
+        with CaptureQueriesContext(connection) as queries:
+            _, claimed = relay_rows.claim(100, "default")
+        claim_sql = next(q["sql"] for q in queries if "SKIP LOCKED" in q["sql"])
+        OutboxMessage.objects.update(locked_until=None)
+        with connection.cursor() as cursor, transaction.atomic():
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_sql)
+            plan = cursor.fetchone()[0]
+        read = _rows_read(plan[0]["Plan"])
+        assert 0 < read <= 60, json.dumps(plan, indent=1)
+    else:
+        _, claimed = relay_rows.claim(100, "default")
+    assert sorted(row.message_id for row in claimed) == sorted([hot[0], *others])
+
+
+def _rows_read(node: dict[str, Any]) -> int:
+    """Rows the scans of a plan read (kept or filtered out), over all their loops."""
+    read = 0
+    if "Scan" in node["Node Type"]:
+        kept = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+        read = kept * node.get("Actual Loops", 1)
+    return read + sum(_rows_read(child) for child in node.get("Plans", []))
+
+
+def test_a_row_held_behind_a_row_sent_before_it_committed_is_released_by_the_sweep() -> None:
+    first, second = keyed("order-1", 2)
+    # The race: the relay marked the first sent before the transaction writing the second
+    # committed, so its release did not see it. Nothing else makes the second due.
+    OutboxMessage.objects.filter(message_id=first).update(status=Status.SENT)
+    blocked, _behind = keyed("order-2", 2)
+    assert due_rows("order-1") == []
+    assert relay_rows.sweep("default") == 1
+    assert due_rows("order-1") == [second]
+    assert due_rows("order-2") == [blocked]  # still behind a pending row: left held
+    assert relay_rows.sweep("default") == 0
+
+
+@pytest.mark.postgres
+def test_a_row_held_while_its_predecessor_was_settled_is_released_once_it_commits() -> None:
+    """The race, as it happens on a busy key: the relay marks the key's previous row sent and
+    looks for a held row to release while the transaction that wrote one is still open. The
+    publisher releases its row itself once it commits."""
+    (first,) = keyed("busy", 1)
+    seen: dict[str, Any] = {}
+
+    def relay_settles_the_first() -> None:  # another session, as a relay is
+        try:
+            OutboxMessage.objects.filter(message_id=first).update(status=Status.SENT)
+            seen["released"] = relay_rows.release(["busy"], "default")
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        (second,) = keyed("busy", 1)  # held: the first is pending
+        relay = threading.Thread(target=relay_settles_the_first)
+        relay.start()
+        relay.join()
+        assert seen["released"] == 0  # the relay could not see the second row
+        assert due_rows("busy") == []
+    assert due_rows("busy") == [second]  # released by its publisher, after the commit
+
+
+def test_a_rolled_back_publish_releases_nothing() -> None:
+    (first,) = keyed("k", 1)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        keyed("k", 1)
+        raise RuntimeError("the business transaction fails")
+    assert list(OutboxMessage.objects.values_list("message_id", flat=True)) == [first]
+
+
+@pytest.mark.postgres
+def test_the_sweep_handles_more_keys_than_a_statement_takes_parameters() -> None:
+    """After a long broker outage with one key per order, more keys may have held rows than
+    PostgreSQL takes bound parameters (65,535, under Django's server-side binding): the sweep
+    goes by chunks."""
+    keys = 66_000
+    with connection.cursor() as cursor:  # each key's only pending row, held (as by a race)
+        cursor.execute(
+            f"INSERT INTO {TABLE} ({COLUMNS}) SELECT 'm' || g, 'e', '{{}}', '{{}}', '', 'q', "
+            "'key-' || g, 'pending', 0, '', now(), now(), NULL, '', '', '' "
+            f"FROM generate_series(1, {keys}) g"
+        )
+    options = connection.settings_dict["OPTIONS"]
+    connection.close()
+    options["server_side_binding"] = True
+    try:
+        assert relay_rows.sweep("default") == keys
+    finally:
+        connection.close()
+        options.pop("server_side_binding", None)
+    assert not OutboxMessage.objects.filter(next_attempt_at__isnull=True).exists()
+
+
+def test_a_replay_of_many_dead_rows_of_one_key_holds_all_but_the_oldest() -> None:
+    """Dead rows pile up on a key while its queue is missing; replayed, they must not all be
+    due at once for every claim to read past."""
+    ids = keyed("hot", 300)
+    OutboxMessage.objects.update(status=Status.DEAD, next_attempt_at=None, attempts=10)
+    later = keyed("hot", 1)  # written after the failures
+    assert due_rows("hot") == later
+    assert services.replay(OutboxMessage.objects.filter(status=Status.DEAD)) == 300
+    # The oldest replayed row is the key's oldest pending row again: due, the rest held.
+    assert due_rows("hot") == [ids[0], *later]
+    lease, claimed = relay_rows.claim(100, "default")
+    assert [row.message_id for row in claimed] == ids[:1]  # the later row waits for it
+    relay_rows.mark_sent([row.pk for row in claimed], lease, "default", ["hot"])
+    assert due_rows("hot") == [ids[1], *later]  # released in order, one at a time
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {TABLE}")
+        with CaptureQueriesContext(connection) as queries:
+            relay_rows.claim(100, "default")
+        claim_sql = next(q["sql"] for q in queries if "SKIP LOCKED" in q["sql"])
+        OutboxMessage.objects.update(locked_until=None)
+        with connection.cursor() as cursor, transaction.atomic():
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_sql)
+            plan = cursor.fetchone()[0]
+        assert _rows_read(plan[0]["Plan"]) <= 60, json.dumps(plan, indent=1)
+
+
+@pytest.mark.postgres
+def test_a_relay_goes_on_when_its_sweep_fails(caplog: Any) -> None:
+    """A sweep that fails (here a lock timeout: another session holds the held row) is
+    logged; the relay doesn't stop claiming, and a later sweep releases the row."""
+    from django_inbox.outbox.relay import Relay
+
+    first, second = keyed("k", 2)
+    OutboxMessage.objects.filter(message_id=first).update(status=Status.SENT)  # no release
+    locked, done = threading.Event(), threading.Event()
+
+    def hold_the_row() -> None:
+        try:
+            with transaction.atomic():
+                list(OutboxMessage.objects.select_for_update().filter(message_id=second))
+                locked.set()
+                done.wait(10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '50ms'")
+        relay = Relay("amqp://unused")
+        relay._sweep()  # logged, not raised
+    finally:
+        done.set()
+        holder.join()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert "outbox relay: the sweep for held rows failed" in caplog.text
+    assert due_rows("k") == []
+    relay._swept_at = None  # the next sweep is due
+    relay._sweep()
+    assert due_rows("k") == [second]
