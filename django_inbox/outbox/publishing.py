@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from functools import partial
 from typing import Any
 
 from django.db import connections, transaction
@@ -143,10 +142,35 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
         cursor.execute(sql, [*values, stamp, stamp, *due_params, *cause])
         held = bool(cursor.fetchone()[0]) if returns else bool(key and holds)
     if held:
-        transaction.on_commit(partial(_release_after_commit, key, using), using=using, robust=True)
+        _release_on_commit(key, using)
 
 
-def _release_after_commit(key: str, using: str) -> None:
-    from .rows import release
+class _Release:
+    """The keys of the rows a transaction wrote held, released once it commits (one statement
+    for them all)."""
 
-    release([key], using)
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.keys: set[str] = set()
+
+    def __call__(self) -> None:
+        from .rows import release
+
+        release(self.keys, self.using)
+
+
+def _release_on_commit(key: str, using: str) -> None:
+    """Release ``key``'s held row once the caller's transaction commits: added to the
+    transaction's pending release if it has one (a handler publishing several events of one
+    order), else a new one. At once outside a transaction."""
+    connection = connections[using]
+    pending = getattr(connection, "run_on_commit", None)
+    if connection.in_atomic_block and isinstance(pending, list):
+        for entry in pending:  # (savepoint ids, callback, robust) in Django 4.2 to 5.2
+            callback = entry[1] if isinstance(entry, tuple) and len(entry) == 3 else None
+            if isinstance(callback, _Release) and callback.using == using:
+                callback.keys.add(key)
+                return
+    batch = _Release(using)
+    batch.keys.add(key)
+    transaction.on_commit(batch, using=using, robust=True)

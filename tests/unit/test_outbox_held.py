@@ -108,25 +108,29 @@ def test_a_row_held_behind_a_row_sent_before_it_committed_is_released_by_the_swe
 def test_a_row_held_while_its_predecessor_was_settled_is_released_once_it_commits() -> None:
     """The race, as it happens on a busy key: the relay marks the key's previous row sent and
     looks for a held row to release while the transaction that wrote one is still open. The
-    publisher releases its row itself once it commits."""
-    (first,) = keyed("busy", 1)
+    publisher releases its rows itself once it commits, in one statement for all its keys."""
+    from django_inbox.outbox.publishing import _Release
+
+    firsts = keyed("busy", 1) + keyed("other", 1)
     seen: dict[str, Any] = {}
 
-    def relay_settles_the_first() -> None:  # another session, as a relay is
+    def relay_settles_the_firsts() -> None:  # another session, as a relay is
         try:
-            OutboxMessage.objects.filter(message_id=first).update(status=Status.SENT)
-            seen["released"] = relay_rows.release(["busy"], "default")
+            OutboxMessage.objects.filter(message_id__in=firsts).update(status=Status.SENT)
+            seen["released"] = relay_rows.release(["busy", "other"], "default")
         finally:
             connections.close_all()
 
     with transaction.atomic():
-        (second,) = keyed("busy", 1)  # held: the first is pending
-        relay = threading.Thread(target=relay_settles_the_first)
+        held = keyed("busy", 2) + keyed("other", 1)  # held: the first rows are pending
+        relay = threading.Thread(target=relay_settles_the_firsts)
         relay.start()
         relay.join()
-        assert seen["released"] == 0  # the relay could not see the second row
-        assert due_rows("busy") == []
-    assert due_rows("busy") == [second]  # released by its publisher, after the commit
+        assert seen["released"] == 0  # the relay could not see these rows
+        releases = [c for _, c, _ in connection.run_on_commit if isinstance(c, _Release)]
+        assert len(releases) == 1 and releases[0].keys == {"busy", "other"}
+    assert due_rows("busy") == held[:1]  # released by their publisher, after the commit
+    assert due_rows("other") == held[2:]
 
 
 def test_a_rolled_back_publish_releases_nothing() -> None:
