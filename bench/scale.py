@@ -154,6 +154,8 @@ def bench_scale() -> dict[str, Any]:
 
 def render_scale(data: dict[str, Any]) -> str:
     """Markdown: one column per table size, bytes per row and the duplicate rate."""
+    if "skipped" in data:
+        return f"## Storage and dedup by table size\n\nNot measured: {data['skipped']}.\n"
     points = data["points"]
     names = sorted({name for p in points for name in p["index_bytes_per_row"]})
     head = "| | " + " | ".join(f"{p['rows']:,} rows" for p in points) + " |"
