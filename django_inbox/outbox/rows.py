@@ -185,13 +185,16 @@ def _release_postgresql(keys: list[str], using: str, now: datetime) -> int:
     planner may run the lookups once per held row)."""
     table, quote = _table(using)
     key, pk, status, due = quote("key"), quote("id"), quote("status"), quote("next_attempt_at")
+    # Only the primary key in the WHERE (the status is checked in the SET): given "status =
+    # 'pending'" there, a planner with stale statistics scanned the whole pending index.
     sql = (
-        f"UPDATE {table} SET {due} = COALESCE({due}, %s) WHERE {pk} = ANY(ARRAY(SELECT head.{pk} "
+        f"UPDATE {table} SET {due} = CASE WHEN {status} = 'pending' AND {due} IS NULL "
+        f"THEN %s ELSE {due} END WHERE {pk} = ANY(ARRAY(SELECT head.{pk} "
         f"FROM unnest(%s::text[]) AS k(name) CROSS JOIN LATERAL (SELECT e.{pk}, e.{key}, e.{due} "
         f"FROM {table} e WHERE e.{status} = 'pending' AND e.{key} <> '' AND e.{key} >= k.name "
         f"ORDER BY e.{key}, e.{pk} LIMIT 1) head "
-        f"WHERE head.{key} = k.name AND head.{due} IS NULL)) AND {status} = 'pending'"
-    )  # no "due IS NULL" here: with stale statistics it had the held rows scanned
+        f"WHERE head.{key} = k.name AND head.{due} IS NULL))"
+    )
     with preparing.cursor(using) as cursor:
         cursor.execute(sql, [now, keys])
         return int(cursor.rowcount)
