@@ -20,6 +20,9 @@ from ..db import statements
 from ..gaps import GAP_PREFIX
 from ..models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
 from ..registry import registry
+from .problems import PROBLEM_KINDS as PROBLEM_KINDS
+from .problems import Problem as Problem
+from .problems import consumer_problems, outbox_problems
 
 Status = InboxMessage.Status
 STATUSES = [str(status) for status in Status]
@@ -27,9 +30,6 @@ STATUSES = [str(status) for status in Status]
 #: Above this many rows (PostgreSQL's estimate), completed rows are estimated, not counted
 #: (``collect(estimate_above=…)`` overrides it; the admin's summary uses a lower threshold).
 ESTIMATE_ABOVE = 1_000_000
-
-#: Kinds of :class:`Problem`, in the order they are reported.
-PROBLEM_KINDS = ("dead", "stuck", "pending_age", "outbox_dead", "outbox_lag")
 
 
 @dataclass
@@ -52,14 +52,6 @@ class ConsumerStats:
     @property
     def pending(self) -> int:
         return sum(self.counts[s] or 0 for s in POLLED_STATUSES)
-
-
-@dataclass
-class Problem:
-    kind: str
-    consumer: str
-    value: float
-    message: str
 
 
 @dataclass
@@ -225,10 +217,10 @@ def collect(
             of(count["consumer"]).counts[count["status"]] = count["n"]
             if count["status"] == Status.COMPLETED:
                 completed_total += count["n"]
-    problems = _problems(found, max_pending_age, ignore)
+    problems = consumer_problems(found, max_pending_age, ignore)
     outbox = _outbox(now) if consumer is None else None
     if outbox is not None:
-        problems += _outbox_problems(outbox, max_pending_age, ignore)
+        problems += outbox_problems(outbox, max_pending_age, ignore)
     return InboxStats(
         at=now,
         consumers=found,
@@ -249,50 +241,6 @@ def _outbox(now: datetime) -> Any:
     from ..outbox.services import collect as collect_outbox
 
     return collect_outbox(now)
-
-
-def _outbox_problems(outbox: Any, max_pending_age: float, ignore: tuple[str, ...]) -> list[Problem]:
-    from ..outbox.services import problems
-
-    return [
-        Problem(kind, "", value, message)
-        for kind, value, message in problems(outbox, max_pending_age)
-        if kind not in ignore
-    ]
-
-
-def _problems(
-    found: dict[str, ConsumerStats], max_pending_age: float, ignore: tuple[str, ...]
-) -> list[Problem]:
-    problems: list[Problem] = []
-    for name, stats in sorted(found.items()):
-        dead = stats.counts[Status.DEAD] or 0
-        if dead and "dead" not in ignore:
-            problems.append(
-                Problem("dead", name, dead, f"{name}: {dead} dead message(s) need an operator")
-            )
-        if stats.stuck and "stuck" not in ignore:
-            problems.append(
-                Problem(
-                    "stuck",
-                    name,
-                    stats.stuck,
-                    f"{name}: {stats.stuck} message(s) in progress past their lease "
-                    "(worker died or hangs; inbox_reclaim or a running worker recovers them)",
-                )
-            )
-        age = stats.oldest_pending_age
-        if age > max_pending_age and "pending_age" not in ignore:
-            problems.append(
-                Problem(
-                    "pending_age",
-                    name,
-                    round(age, 3),
-                    f"{name}: a due message has waited {age:.0f}s for a worker "
-                    f"(limit {max_pending_age:.0f}s); are workers running?",
-                )
-            )
-    return problems
 
 
 def estimated_rows(using: str) -> int:
