@@ -11,7 +11,8 @@ reclaim, replay or delete a row twice.
 - :mod:`~django_inbox.services.operator`: replaying, parking, retrying now (what they share:
   :mod:`~django_inbox.services.actions`; an ordered consumer's re-run:
   :mod:`~django_inbox.services.rerun`; skipping: :mod:`~django_inbox.services.skipping`);
-- :mod:`~django_inbox.services.stats`: counts and known consumers; :mod:`~django_inbox.services.problems`: the problems they show.
+- :mod:`~django_inbox.services.stats`: counts and known consumers;
+  :mod:`~django_inbox.services.problems`: the problems they show.
 """
 
 from __future__ import annotations
