@@ -61,7 +61,9 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
             if held is None:
                 run_handler(handler, message, using)
                 now = timezone.now()
-                if ordered and message.sequence is not None:
+                if ordered and getattr(message, "inbox_completed", False):
+                    completed = True  # completed with its key's lock, before the handler
+                elif ordered and message.sequence is not None:
                     applied = getattr(message, "inbox_applied", False)
                     completed, released = ordering.complete(message, now, using, applied=applied)
                     message.inbox_released = released  # type: ignore[attr-defined]

@@ -83,16 +83,26 @@ def lock(consumer: str, key: str, using: str, *, wait: bool = True) -> int | Non
     return int(found[0]) if found else None
 
 
-def lock_for_worker(message: InboxMessage, using: str) -> tuple[int | None, bool]:
+def lock_for_worker(message: InboxMessage, using: str) -> statements.Taken:
     """A worker's lock of a claimed version's key, never waiting: the key's applied sequence
     (``None``: another transaction holds it) and whether this version was recorded applied
-    already (PostgreSQL, when it is the key's next one: one statement for both)."""
-    if connections[using].vendor == "postgresql":
-        first = inbox_settings.policy(message.consumer).first_sequence
-        return statements.lock_and_apply(
+    already. On PostgreSQL, when the version is the key's next one, one statement records it
+    applied, completes the row (fenced on its lease) and makes the next version due, before
+    the handler runs (an operator's skip ahead is not completed: it goes ``skipped``)."""
+    if connections[using].vendor != "postgresql":
+        return statements.Taken(
+            lock(message.consumer, message.key, using, wait=False), False, None, []
+        )
+    first = inbox_settings.policy(message.consumer).first_sequence
+    if message.sequence is None or skip_requested(message):
+        applied, moved = statements.lock_and_apply(
             message.consumer, message.key, message.sequence, first, using
         )
-    return lock(message.consumer, message.key, using, wait=False), False
+        return statements.Taken(applied, moved, None, [])
+    return statements.lock_apply_complete(
+        message.consumer, message.key, message.sequence, first,
+        message.pk, message.lease_id, timezone.now(), using,
+    )  # fmt: skip
 
 
 def decide(sequence: int | None, applied: int | None) -> Verdict:
@@ -196,10 +206,16 @@ BUSY_DELAY = 0.2
 
 def hold(message: InboxMessage, using: str) -> Outcome | None:
     """For a claimed row of an ordered consumer, in its transaction: lock its key and decide.
-    ``None``: run the handler. Otherwise the row is ``skipped`` or ``waiting`` (its claim's
-    attempt taken back), or ``IN_PROGRESS`` when another transaction holds the key."""
-    applied, moved = lock_for_worker(message, using)
+    ``None``: run the handler (if ``inbox_completed`` is set on the row, its completion is
+    written already: the inbox has nothing left to write after the handler). Otherwise the
+    row is ``skipped`` or ``waiting`` (its claim's attempt taken back), or ``IN_PROGRESS``
+    when another transaction holds the key."""
+    applied, moved, completed, released = lock_for_worker(message, using)
+    if completed is False:
+        raise LeaseLost(message.pk)
     message.inbox_applied = moved  # type: ignore[attr-defined]
+    message.inbox_completed = bool(completed)  # type: ignore[attr-defined]
+    message.inbox_released = released  # type: ignore[attr-defined]
     verdict = decide(message.sequence, applied)
     if verdict is Verdict.BUSY:
         return Outcome.IN_PROGRESS

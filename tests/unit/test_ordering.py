@@ -432,3 +432,83 @@ def test_deliver_runs_a_bounded_chain_and_leaves_the_rest_due() -> None:
     assert runs("K") == list(range(1, INLINE_RELEASED + 2))
     drain()
     assert runs("K") == list(range(1, INLINE_RELEASED + 5))
+
+
+def test_a_version_failing_in_a_worker_leaves_its_row_its_key_and_its_successor_as_they_were() -> (
+    None
+):
+    put("K", 1)
+    put("K", 2, fail_times=1)
+    put("K", 3)
+    Worker([CONSUMER]).run_once()  # K-2 fails once; K-3 waits for it
+
+    assert runs("K") == [1] and applied("K") == 1
+    assert row("K-2").status == Status.FAILED and row("K-2").processed_at is None
+    assert row("K-3").status == Status.WAITING
+
+    time.sleep(0.1)  # the retry's backoff (at most 0.05 s)
+    drain()
+
+    assert runs("K") == [1, 2, 3] and applied("K") == 3
+    assert {row(f"K-{n}").status for n in (1, 2, 3)} == {Status.COMPLETED}
+
+
+def _claimed(message_id: str) -> InboxMessage:
+    from django_inbox.claims import claim_batch
+
+    (claimed,) = claim_batch(CONSUMER, 1, message_id=message_id)
+    return claimed
+
+
+def _runs_table() -> str:
+    return OrderedRun._meta.db_table
+
+
+@pytest.mark.postgres
+def test_a_keys_next_version_is_completed_before_its_handler_and_nothing_follows_it() -> None:
+    """One statement locks the key, applies the version, completes its row and releases the
+    next one; after the handler the inbox sends nothing but the commit."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_inbox.attempts import process_claimed
+
+    put("K", 1)
+    drain()
+    put("K", 3)
+    drain()  # K-3 waits for K-2
+    put("K", 2)
+    claimed = _claimed("K-2")
+
+    with CaptureQueriesContext(connection) as queries:
+        assert process_claimed(claimed) == Outcome.PROCESSED
+
+    sent = [query["sql"] for query in queries.captured_queries]
+    handler = [i for i, sql in enumerate(sent) if _runs_table() in sql]
+    assert len(handler) == 1, sent
+    assert sent[handler[0] + 1 :] == ["COMMIT"], sent
+    assert applied("K") == 2 and row("K-2").status == Status.COMPLETED
+    assert claimed.inbox_released == [row("K-3").message_id]  # type: ignore[attr-defined]
+    assert row("K-3").status == Status.RECEIVED
+
+
+@pytest.mark.postgres
+def test_a_version_whose_lease_was_taken_over_is_not_run() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_inbox.attempts import process_claimed
+
+    put("K", 1)
+    drain()
+    put("K", 2)
+    claimed = _claimed("K-2")
+    InboxMessage.objects.filter(pk=claimed.pk).update(lease_id="another-worker")
+
+    with CaptureQueriesContext(connection) as queries:
+        assert process_claimed(claimed) == Outcome.IN_PROGRESS
+
+    assert not any(_runs_table() in query["sql"] for query in queries.captured_queries)
+    assert runs("K") == [1] and applied("K") == 1
+    taken = row("K-2")
+    assert taken.status == Status.IN_PROGRESS and taken.lease_id == "another-worker"

@@ -21,11 +21,20 @@ from __future__ import annotations
 from .claiming import claim_fresh, claim_fresh_sql, claim_message, complete
 from .common import NewRow
 from .hot import current_status, current_status_sql, insert, insert_completed, insert_or_status
-from .ordered import advance, complete_ordered, lock_and_apply, lock_key, set_aside
+from .ordered import (
+    Taken,
+    advance,
+    complete_ordered,
+    lock_and_apply,
+    lock_apply_complete,
+    lock_key,
+    set_aside,
+)
 from .upkeep import delete_selected, distinct_consumers, estimated_rows, update_appending_history
 
 __all__ = [
     "NewRow",
+    "Taken",
     "advance",
     "claim_fresh",
     "claim_fresh_sql",
@@ -41,6 +50,7 @@ __all__ = [
     "insert_completed",
     "insert_or_status",
     "lock_and_apply",
+    "lock_apply_complete",
     "lock_key",
     "set_aside",
     "update_appending_history",

@@ -5,7 +5,7 @@ ORM (:mod:`django_inbox.ordering`)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections
 
@@ -48,6 +48,20 @@ def lock_key(consumer: str, key: str, first: int, using: str, *, wait: bool) -> 
     return None if found is None else int(found[0])
 
 
+def _lock_and_apply_sql(quote: Any) -> str:
+    """The CTEs ``locked`` (the key's row, unless another transaction holds it) and ``moved``
+    (its applied sequence set to the claimed version, if that is the next one). Parameters:
+    consumer, key, sequence, consumer, key, sequence."""
+    return (
+        f"WITH locked AS (SELECT {quote('applied_sequence')} FROM {_key_table(quote)} "
+        f"WHERE {quote('consumer')} = %s AND {quote('key')} = %s FOR UPDATE SKIP LOCKED), "
+        f"moved AS (UPDATE {_key_table(quote)} SET {quote('applied_sequence')} = %s, "
+        f"{quote('updated_at')} = now() WHERE {quote('consumer')} = %s "
+        f"AND {quote('key')} = %s "
+        f"AND (SELECT {quote('applied_sequence')} FROM locked) = %s::bigint - 1 RETURNING 1)"
+    )
+
+
 def lock_and_apply(
     consumer: str, key: str, sequence: int | None, first: int, using: str
 ) -> tuple[int | None, bool]:
@@ -61,22 +75,79 @@ def lock_and_apply(
         using,
         "lock_and_apply",
         lambda quote, _: (
-            f"WITH locked AS (SELECT {quote('applied_sequence')} FROM {_key_table(quote)} "
-            f"WHERE {quote('consumer')} = %s AND {quote('key')} = %s FOR UPDATE SKIP LOCKED), "
-            f"moved AS (UPDATE {_key_table(quote)} SET {quote('applied_sequence')} = %s, "
-            f"{quote('updated_at')} = now() WHERE {quote('consumer')} = %s "
-            f"AND {quote('key')} = %s "
-            f"AND (SELECT {quote('applied_sequence')} FROM locked) = %s::bigint - 1 RETURNING 1) "
-            f"SELECT (SELECT {quote('applied_sequence')} FROM locked), "
-            f"EXISTS (SELECT FROM moved)"
+            f"{_lock_and_apply_sql(quote)} SELECT (SELECT {quote('applied_sequence')} "
+            f"FROM locked), EXISTS (SELECT FROM moved)"
         ),
     )
     with preparing.cursor(using) as cursor:
         cursor.execute(sql, [consumer, key, sequence, consumer, key, sequence])
         applied, moved = cursor.fetchone()
-        if applied is not None:
-            return int(applied), bool(moved)
-        # New (or held by someone): the inserted row is ours and locked.
+    if applied is not None:
+        return int(applied), bool(moved)
+    return _new_key(consumer, key, sequence, first, using)
+
+
+class Taken(NamedTuple):
+    """What :func:`lock_apply_complete` found and did."""
+
+    #: The key's applied sequence before; ``None``: another transaction holds the key.
+    applied: int | None
+    #: The claimed version was recorded applied.
+    moved: bool
+    #: ``True``: the claimed row was completed too (its lease held); ``False``: it was not,
+    #: its lease is lost; ``None``: not tried (the key was new, or the version not its next).
+    completed: bool | None
+    #: Message ids of the next version, made due.
+    released: list[str]
+
+
+def lock_apply_complete(
+    consumer: str,
+    key: str,
+    sequence: int,
+    first: int,
+    pk: int,
+    lease_id: str,
+    now: datetime,
+    using: str,
+) -> Taken:
+    """:func:`lock_and_apply`, and when the claimed version is the key's next one, its
+    fenced completion and the release of the next version too, all in one statement, before
+    the handler runs: the transaction commits them with the handler's writes or rolls them
+    back with them, so the handler's transaction sends no statement of the inbox after it.
+    The row's ``processed_at`` is then when its handler started."""
+
+    def build(quote: Any, table: str) -> str:
+        done = " AND EXISTS (SELECT FROM done)"
+        return (
+            f"{_lock_and_apply_sql(quote)}, "
+            f"done AS ({_done_sql(quote, table, ' AND EXISTS (SELECT FROM moved)')}), "
+            f"released AS ({_release_sql(quote, table, done)}) "
+            f"SELECT (SELECT {quote('applied_sequence')} FROM locked), "
+            f"EXISTS (SELECT FROM moved), EXISTS (SELECT FROM done), "
+            f"(SELECT array_agg({quote('message_id')}) FROM released)"
+        )
+
+    sql = cached_sql(using, "lock_apply_complete", build)
+    stamp = connections[using].ops.adapt_datetimefield_value(now)
+    params: list[Any] = [consumer, key, sequence, consumer, key, sequence]
+    params += [stamp, stamp, pk, lease_id, stamp, stamp, consumer, key, sequence + 1]
+    with preparing.cursor(using) as cursor:
+        cursor.execute(sql, params)
+        applied, moved, done, released = cursor.fetchone()
+    if applied is None:
+        applied, moved = _new_key(consumer, key, sequence, first, using)
+        return Taken(applied, moved, None, [])
+    ids = [str(message_id) for message_id in released or []]
+    return Taken(int(applied), bool(moved), bool(done) if moved else None, ids)
+
+
+def _new_key(
+    consumer: str, key: str, sequence: int | None, first: int, using: str
+) -> tuple[int | None, bool]:
+    """The key had no row (or another transaction holds it): create it, locked, applied up
+    to ``sequence`` if that is ``first``. ``(None, False)``: another transaction holds it."""
+    with preparing.cursor(using) as cursor:
         cursor.execute(
             _insert_key_sql(using), [consumer, key, first if sequence == first else first - 1]
         )
@@ -105,6 +176,18 @@ def _release_sql(quote: Any, table: str, condition: str) -> str:
         f"{quote('last_error')} = '' WHERE {quote('consumer')} = %s AND {quote('key')} = %s "
         f"AND {quote('sequence')} = %s AND {quote('status')} = {status_literal(Status.WAITING)}"
         f"{condition} RETURNING {quote('message_id')}"
+    )
+
+
+def _done_sql(quote: Any, table: str, condition: str) -> str:
+    """The fenced completion of a claimed row (parameters: now twice, its id, its lease)."""
+    return (
+        f"UPDATE {table} SET {quote('status')} = {status_literal(Status.COMPLETED)}, "
+        f"{quote('processed_at')} = %s, {quote('updated_at')} = %s, "
+        f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = NULL, "
+        f"{quote('lease_id')} = '', {quote('last_error')} = '' "
+        f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
+        f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)}{condition} RETURNING 1"
     )
 
 
@@ -155,13 +238,7 @@ def complete_ordered(
         # Applied already: the key's row is not written again (a no-op "advance").
         advance = _advance_sql(quote, held + (" AND false" if applied else ""))
         return (
-            f"WITH done AS (UPDATE {table} SET "
-            f"{quote('status')} = {status_literal(Status.COMPLETED)}, "
-            f"{quote('processed_at')} = %s, {quote('updated_at')} = %s, "
-            f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = NULL, "
-            f"{quote('lease_id')} = '', {quote('last_error')} = '' "
-            f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
-            f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)} RETURNING 1), "
+            f"WITH done AS ({_done_sql(quote, table, '')}), "
             f"advanced AS ({advance}), "
             f"released AS ({_release_sql(quote, table, held)}) "
             f"SELECT (SELECT count(*) FROM done), "
