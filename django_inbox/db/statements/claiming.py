@@ -102,6 +102,19 @@ def _claimed_rows(found: list[Any], using: str) -> list[InboxMessage]:
     return rows
 
 
+def completion_sql(quote: Any, table: str, condition: str = "") -> str:
+    """The fenced completion of a claimed row, ``condition`` added to its ``WHERE``.
+    Parameters: now (``processed_at``), now (``updated_at``), the row's id, its lease id."""
+    return (
+        f"UPDATE {table} SET {quote('status')} = {status_literal(Status.COMPLETED)}, "
+        f"{quote('processed_at')} = %s, {quote('updated_at')} = %s, "
+        f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = NULL, "
+        f"{quote('lease_id')} = '', {quote('last_error')} = '' "
+        f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
+        f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)}{condition}"
+    )
+
+
 def complete(pk: int, lease_id: str, now: datetime, using: str) -> bool:
     """Mark a claimed row completed if ``lease_id`` still holds it: the fence of
     :func:`django_inbox.leases.fenced`, written out for the hot path."""
@@ -109,14 +122,7 @@ def complete(pk: int, lease_id: str, now: datetime, using: str) -> bool:
     sql = cached_sql(
         using,
         "complete",
-        lambda quote, table: (
-            f"UPDATE {table} SET {quote('status')} = {status_literal(Status.COMPLETED)}, "
-            f"{quote('processed_at')} = %s, {quote('updated_at')} = %s, "
-            f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = NULL, "
-            f"{quote('lease_id')} = '', {quote('last_error')} = '' "
-            f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
-            f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)}"
-        ),
+        completion_sql,
     )
     stamp = connection.ops.adapt_datetimefield_value(now)
     with preparing.cursor(using) as cursor:

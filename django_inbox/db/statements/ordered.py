@@ -11,6 +11,7 @@ from django.db import connections
 
 from ...models import InboxKey
 from .. import preparing
+from .claiming import completion_sql
 from .common import Status, cached_sql, status_literal
 
 
@@ -121,7 +122,8 @@ def lock_apply_complete(
         done = " AND EXISTS (SELECT FROM done)"
         return (
             f"{_lock_and_apply_sql(quote)}, "
-            f"done AS ({_done_sql(quote, table, ' AND EXISTS (SELECT FROM moved)')}), "
+            f"done AS ({completion_sql(quote, table, ' AND EXISTS (SELECT FROM moved)')} "
+            f"RETURNING 1), "
             f"released AS ({_release_sql(quote, table, done)}) "
             f"SELECT (SELECT {quote('applied_sequence')} FROM locked), "
             f"EXISTS (SELECT FROM moved), EXISTS (SELECT FROM done), "
@@ -179,18 +181,6 @@ def _release_sql(quote: Any, table: str, condition: str) -> str:
     )
 
 
-def _done_sql(quote: Any, table: str, condition: str) -> str:
-    """The fenced completion of a claimed row (parameters: now twice, its id, its lease)."""
-    return (
-        f"UPDATE {table} SET {quote('status')} = {status_literal(Status.COMPLETED)}, "
-        f"{quote('processed_at')} = %s, {quote('updated_at')} = %s, "
-        f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = NULL, "
-        f"{quote('lease_id')} = '', {quote('last_error')} = '' "
-        f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
-        f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)}{condition} RETURNING 1"
-    )
-
-
 def _advance_sql(quote: Any, condition: str) -> str:
     return (
         f"UPDATE {_key_table(quote)} SET {quote('applied_sequence')} = %s, "
@@ -238,7 +228,7 @@ def complete_ordered(
         # Applied already: the key's row is not written again (a no-op "advance").
         advance = _advance_sql(quote, held + (" AND false" if applied else ""))
         return (
-            f"WITH done AS ({_done_sql(quote, table, '')}), "
+            f"WITH done AS ({completion_sql(quote, table)} RETURNING 1), "
             f"advanced AS ({advance}), "
             f"released AS ({_release_sql(quote, table, held)}) "
             f"SELECT (SELECT count(*) FROM done), "
