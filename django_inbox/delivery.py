@@ -1,4 +1,5 @@
-"""``deliver()``: one message stored and processed inline, and ``deliver_batch()`` for several.
+"""``deliver()``: one message stored and processed inline (several at once:
+:mod:`django_inbox.delivering_batches`).
 
 A new message's row is inserted already ``completed``, in the handler's own transaction: one
 statement more than the bare handler, and a duplicate costs no handler run. What cannot be
@@ -37,7 +38,7 @@ from .models import InboxMessage
 from .outcomes import Outcome
 from .registry import Handler, registry
 from .retry import RetryPolicy
-from .rows import NewRow, fresh, insert, insert_completed, insert_or_status, materialise, prepare
+from .rows import NewRow, fresh, insert, insert_or_status, materialise, prepare
 from .storing import unhandled
 
 logger = logging.getLogger("django_inbox")
@@ -64,7 +65,7 @@ _duplicate_run: set[str] = set()
 #: a longer chain is left due for workers, so a broker's ack or a webhook's reply waits for
 #: a bounded amount of work.
 INLINE_RELEASED = 10
-#: ``_deliver_existing``'s ``status`` when the status is not known yet.
+#: ``deliver_existing``'s ``status`` when the status is not known yet.
 _UNKNOWN = "?"
 
 
@@ -113,69 +114,22 @@ def deliver(
     using = inbox_settings.database
     if interruptions.pending():
         give_back_interrupted(using)
-    return _deliver_row(row, using, redelivered=redelivered)
+    return deliver_row(row, using, redelivered=redelivered)
 
 
-def deliver_batch(rows: list[NewRow]) -> list[Outcome]:
-    """Deliver several prepared messages in one transaction; one :class:`Outcome` each.
-
-    The new messages' rows go in with one statement, every handler runs in the same
-    transaction, and one commit covers them all. If any handler raises, the transaction rolls
-    back and each message is delivered again on its own (its handler then runs twice, as with
-    ``commit_every``), so a failure is recorded against the message that caused it.
-    """
-    using = inbox_settings.database
-    batch = [fresh(row) for row in rows]  # the caller's rows stay as given, to try again
-    handlers = [registry.get(row.consumer, row.event_type) for row in batch]
-    if (
-        len(batch) < 2
-        or None in handlers
-        or any(ordering.applies(r.consumer, r.key) for r in batch)
-    ):
-        return [_deliver_row(row, using) for row in batch]
-    now = timezone.now()
-    for row in batch:
-        row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
-    ran: dict[tuple[str, str], InboxMessage] = {}
-    started = time.perf_counter()
-    try:
-        with committing(using, lambda: [message.pk for message in ran.values()]):
-            new = insert_completed(batch, now, using)
-            for row, handler in zip(batch, handlers, strict=True):
-                key = (row.consumer, row.message_id)
-                if key in new and key not in ran:
-                    ran[key] = message = materialise(row, new[key], using)
-                    run_handler(handler, message, using)  # type: ignore[arg-type]
-    except Exception as exc:
-        if connection_lost(exc, using):
-            raise  # nothing committed (or unknown): the caller tries the batch again later
-        logger.info("inbox batch of %d rolled back; delivering one by one", len(batch))
-        return [_deliver_row(fresh(row), using) for row in batch]
-    share = (time.perf_counter() - started) / max(len(ran), 1)
-    outcomes: list[Outcome] = []
-    for row in batch:
-        key = (row.consumer, row.message_id)
-        if key in ran:
-            processed(ran.pop(key), share, using)
-            outcomes.append(Outcome.PROCESSED)
-        else:  # a duplicate: of a row committed earlier, or of one earlier in this batch
-            outcomes.append(_deliver_existing(fresh(row), using))
-    return outcomes
-
-
-def _deliver_row(
+def deliver_row(
     row: NewRow, using: str, *, again: bool = True, redelivered: bool = False
 ) -> Outcome:
     handler = registry.get(row.consumer, row.event_type)
     if handler is None:
         outcome = unhandled(row, using)
-        return outcome if outcome is not None else _deliver_existing(row, using, again=again)
+        return outcome if outcome is not None else deliver_existing(row, using, again=again)
     if redelivered or row.consumer in _duplicate_run:
         status = statements.current_status(row.consumer, row.message_id, using)
         if status is not None:
             # A redelivered message is never delivered as new, even if its row vanishes.
             again = again and not redelivered
-            return _deliver_existing(row, using, again=again, status=status)
+            return deliver_existing(row, using, again=again, status=status)
         _duplicate_run.discard(row.consumer)
         if redelivered:
             return _deliver_redelivered(row, using)
@@ -201,7 +155,7 @@ def _deliver_row(
         duration = time.perf_counter() - started
         return _record_first_failure(row, exc, handler, using, duration)
     if message is None:
-        return _deliver_existing(row, using, again=again, status=status or _UNKNOWN)
+        return deliver_existing(row, using, again=again, status=status or _UNKNOWN)
     processed(message, time.perf_counter() - started, using)
     return Outcome.PROCESSED
 
@@ -246,7 +200,7 @@ def _deliver_ordered(row: NewRow, handler: Handler, using: str) -> Outcome:
         duration = time.perf_counter() - started
         return _record_first_failure(fresh(row), exc, handler, using, duration)
     if pk is None:
-        return _deliver_existing(fresh(row), using, status=status or _UNKNOWN)
+        return deliver_existing(fresh(row), using, status=status or _UNKNOWN)
     if message is None:
         kind = Outcome.SKIPPED if verdict is ordering.Verdict.SKIP else Outcome.WAITING
         events.event(str(kind), **events.about(row, using, pk=pk, attempt=0))
@@ -278,7 +232,7 @@ def _deliver_redelivered(row: NewRow, using: str) -> Outcome:
     # A row that appeared since our look (or was purged again) is not new: never deliver a
     # redelivered message as a first delivery.
     known = Status.FAILED if pk is not None else status or _UNKNOWN
-    return _deliver_existing(row, using, again=False, status=known)
+    return deliver_existing(row, using, again=False, status=known)
 
 
 def _record_first_failure(
@@ -298,13 +252,13 @@ def _record_first_failure(
     pk = insert(row, now, using)
     if pk is None:
         # A concurrent delivery stored it while ours rolled back; report that one's state.
-        return _deliver_existing(row, using, again=False)
+        return deliver_existing(row, using, again=False)
     message = materialise(row, pk, using)
     failure(message, entry, status, row.next_attempt_at, using=using, duration=duration)
     return Outcome(status)
 
 
-def _deliver_existing(
+def deliver_existing(
     row: NewRow, using: str, *, again: bool = True, status: str | None = _UNKNOWN
 ) -> Outcome:
     """The message's row exists: report it, or process it if it is due and free. ``status``
@@ -332,5 +286,5 @@ def _deliver_existing(
         # Purged between our insert and our look: it is new again (once; then report it busy).
         if not again:
             return Outcome.IN_PROGRESS
-        return _deliver_row(fresh(row), using, again=False)
+        return deliver_row(fresh(row), using, again=False)
     return _STATUS_OUTCOMES[Status(status)]

@@ -20,7 +20,7 @@ from django.db import DatabaseError
 
 from ..attempts import give_back_interrupted
 from ..db.connection import Outage, connection_lost, describe, keep_connection
-from ..delivery import deliver_batch
+from ..delivering_batches import deliver_batch
 from ..rows import NewRow
 from ..shutdown import Shutdown
 from ..text import exception_text

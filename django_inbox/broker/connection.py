@@ -59,8 +59,9 @@ class BrokerConsumer:
         process_due: also run the consumer's due retries and abandoned rows between
             messages (default: on in ``after-process`` mode, off in ``after-store`` mode).
         commit_every: in ``after-process`` mode, deliver up to this many messages that are
-            already waiting in one transaction (:func:`~django_inbox.delivery.deliver_batch`)
-            and acknowledge them after its commit (default: the consumer's ``commit_every``).
+            already waiting in one transaction
+            (:func:`~django_inbox.delivering_batches.deliver_batch`) and acknowledge them
+            after its commit (default: the consumer's ``commit_every``).
         max_messages: stop after this many broker messages.
         until_idle: stop once no message arrived for this many seconds.
         wait_for_broker: give up (:class:`BrokerUnreachable`) if the broker was not reached
