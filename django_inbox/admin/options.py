@@ -9,26 +9,22 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.template.response import TemplateResponse
-from django.urls import path, reverse
-from django.utils.html import format_html
-from django.utils.http import urlencode
+from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
-from ..conf import inbox_settings
-from ..models import ATTENTION_STATUSES, InboxKey, InboxMessage
+from ..models import ATTENTION_STATUSES, InboxMessage
 from ..services import (
     known_consumers,
 )
 from .actions import ACTIONS, ActionsMixin
 from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter
 from .guards import payload_lookup_allowed, refuse_unstorable_query
+from .keys import KeyViewMixin
 from .paginator import CappedCountPaginator, InboxChangeList
-from .render import error_type, key_versions, pretty_json, status_badge, summary, timeline
+from .render import error_type, pretty_json, status_badge, summary, timeline
 
 Status = InboxMessage.Status
 #: Fields only users with ``view_payload_inboxmessage`` may see or filter the list by: the
@@ -48,7 +44,7 @@ else:  # ModelAdmin is generic only in the type stubs
     _ModelAdmin = admin.ModelAdmin
 
 
-class InboxMessageAdmin(ActionsMixin, _ModelAdmin):
+class InboxMessageAdmin(ActionsMixin, KeyViewMixin, _ModelAdmin):
     list_display = (
         "message_id",
         "consumer",
@@ -61,7 +57,6 @@ class InboxMessageAdmin(ActionsMixin, _ModelAdmin):
         "short_error",
     )
     #: Versions the key view lists.
-    KEY_VIEW_LIMIT = 500
     list_display_links = ("message_id",)
     list_filter = ("status", ConsumerFilter, EventTypeFilter, ReceivedFilter)
     search_fields = ("message_id",)  # searched by get_search_results, through the indexes
@@ -213,53 +208,6 @@ class InboxMessageAdmin(ActionsMixin, _ModelAdmin):
             for line in fieldset[1]["fields"]
             for name in (line if isinstance(line, tuple) else (line,))
         ]
-
-    @admin.display(description="ordering")
-    def ordering_display(self, obj: InboxMessage) -> SafeString | str:
-        """For an ordered consumer's keyed message: its key's applied sequence, what this one
-        waits for, and a link to the key's view."""
-        if not obj.key or not inbox_settings.ordered(obj.consumer):
-            return 'not ordered (a consumer with "ordered": True orders messages with a key)'
-        state = InboxKey.objects.filter(consumer=obj.consumer, key=obj.key).first()
-        first = inbox_settings.policy(obj.consumer).first_sequence
-        applied = first - 1 if state is None else state.applied_sequence
-        if applied < first:
-            where = "no version of this key applied yet"
-        else:
-            where = f"key applied up to sequence {applied}"
-        if obj.status == Status.WAITING:
-            where += f"; this message waits for sequence {applied + 1}"
-        url = (
-            reverse("admin:django_inbox_inboxmessage_key")
-            + "?"
-            + urlencode({"consumer": obj.consumer, "key": obj.key})
-        )
-        return format_html(
-            '{} — <a href="{}" id="inbox-key-link">all versions of this key</a>', where, url
-        )
-
-    def get_urls(self) -> list[Any]:
-        urls = super().get_urls()
-        view = self.admin_site.admin_view(self.key_view)
-        return [path("key/", view, name="django_inbox_inboxmessage_key"), *urls]
-
-    def key_view(self, request: HttpRequest) -> HttpResponse:
-        """All messages of one key of an ordered consumer, in sequence order."""
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        refuse_unstorable_query(request)
-        consumer = request.GET.get("consumer", "")
-        key = request.GET.get("key", "")
-        if not consumer or not key:
-            raise BadRequest("the key view needs ?consumer=…&key=…")
-        context = {
-            **self.admin_site.each_context(request),
-            "title": f"Key {key}",
-            "opts": self.model._meta,
-            "view": key_versions(consumer, key, self.KEY_VIEW_LIMIT),
-            "limit": self.KEY_VIEW_LIMIT,
-        }
-        return TemplateResponse(request, "admin/django_inbox/inboxmessage/key_view.html", context)
 
     @admin.display(description="payload")
     def payload_display(self, obj: InboxMessage) -> SafeString:
