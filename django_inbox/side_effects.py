@@ -30,11 +30,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from django.db import connections
 from django.utils import timezone
 
 from . import events, history, signals
 from .conf import inbox_settings
+from .db import on_commit
 
 if TYPE_CHECKING:
     from .models import InboxMessage
@@ -188,22 +188,22 @@ def handler_context(message: InboxMessage, using: str) -> Iterator[Suppressing |
 def _callbacks(using: str) -> int | None:
     """How many on-commit callbacks the connection holds now (``None`` if this Django keeps
     them otherwise)."""
-    found = getattr(connections[using], "run_on_commit", None)
-    return len(found) if isinstance(found, list) else None
+    found = on_commit.pending(using)
+    return None if found is None else len(found)
 
 
 def _keep_suppressing(state: Suppressing, before: int) -> None:
     """Run the on-commit callbacks the handler added in ``state``'s suppression. Read again
     now: a savepoint rolled back inside the handler replaces the list (dropping only
     callbacks added inside it, so those added before the handler keep their places)."""
-    callbacks = getattr(connections[state.using], "run_on_commit", None)
-    if not isinstance(callbacks, list):
+    callbacks = on_commit.pending(state.using)
+    if callbacks is None:
         return
     for index in range(before, len(callbacks)):
-        entry = callbacks[index]
-        if not (isinstance(entry, tuple) and len(entry) == 3 and callable(entry[1])):
-            return  # not the (savepoints, callback, robust) that Django 4.2 to 5.2 keep
-        savepoints, callback, robust = entry
+        callback = on_commit.callback_of(callbacks[index])
+        if callback is None:
+            return
+        savepoints, _, robust = callbacks[index]
         callbacks[index] = (savepoints, _after_commit(state, callback), robust)
 
 

@@ -10,7 +10,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from ..conf import inbox_settings
-from ..db import preparing
+from ..db import on_commit, preparing
 from ..exceptions import InvalidField, InvalidPayload
 from ..side_effects import current_message, side_effect
 from ..validation import clean_text, encode_json
@@ -163,11 +163,10 @@ def _release_on_commit(key: str, using: str) -> None:
     """Release ``key``'s held row once the caller's transaction commits: added to the
     transaction's pending release if it has one (a handler publishing several events of one
     order), else a new one. At once outside a transaction."""
-    connection = connections[using]
-    pending = getattr(connection, "run_on_commit", None)
-    if connection.in_atomic_block and isinstance(pending, list):
-        for entry in pending:  # (savepoint ids, callback, robust) in Django 4.2 to 5.2
-            callback = entry[1] if isinstance(entry, tuple) and len(entry) == 3 else None
+    callbacks = on_commit.pending(using)
+    if connections[using].in_atomic_block and callbacks is not None:
+        for entry in callbacks:
+            callback = on_commit.callback_of(entry)
             if isinstance(callback, _Release) and callback.using == using:
                 callback.keys.add(key)
                 return
