@@ -99,11 +99,12 @@ class RatioTargets(ReportData):
         ]
         for label, top, bottom, goal_key in RATIOS:
             goal = goals.get(goal_key)
+            wanted = "for information" if goal is None else f"≥ {_f(goal, 2)}"
             ratio = self.ratio(top, bottom)
             if ratio is None:
-                rows.append(f"| {label} | not measured | | ≥ {_f(goal, 2)} | |")
+                rows.append(f"| {label} | not measured | | {wanted} | |")
                 continue
             runs = ", ".join(f"{value:.2f}" for value in self.paired(top, bottom)) or "-"
             verdict = "" if goal is None else f"**{_verdict(ratio >= goal)}**"
-            rows.append(f"| {label} | {ratio:.2f} | {runs} | ≥ {_f(goal, 2)} | {verdict} |")
+            rows.append(f"| {label} | {ratio:.2f} | {runs} | {wanted} | {verdict} |")
         return rows
