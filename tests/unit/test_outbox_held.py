@@ -85,6 +85,33 @@ def test_a_claim_reads_a_hot_keys_head_only_however_long_its_backlog() -> None:
     assert sorted(row.message_id for row in claimed) == sorted([hot[0], *others])
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("settle", ["mark_sent", "give_back"])
+def test_settling_a_batch_reads_its_own_rows_whatever_the_statistics_say(settle: str) -> None:
+    """Statistics taken before a backlog (no pending row then): settling a claimed batch
+    still reads the batch's rows by primary key, not every pending row (it read 199,900)."""
+    for n in range(50):
+        publish("order.placed", {"n": n}, routing_key="orders")
+    lease, claimed = relay_rows.claim(100, "default")
+    relay_rows.mark_sent([row.pk for row in claimed], lease, "default")
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {TABLE}")
+        cursor.execute(
+            f"INSERT INTO {TABLE} ({COLUMNS}) SELECT md5(i::text), 'order.placed', '{{}}', "
+            "'{}', '', 'orders', '', 'pending', 0, '', now(), now(), now(), '', '', '' "
+            "FROM generate_series(1, 50000) i"
+        )
+    lease, claimed = relay_rows.claim(100, "default")
+    pks = [row.pk for row in claimed]
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        assert getattr(relay_rows, settle)(pks, lease, "default") == 100
+        update = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE"))
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + update)
+            plan = cursor.fetchone()[0]
+    assert _rows_read(plan[0]["Plan"]) <= len(pks), json.dumps(plan, indent=1)
+
+
 def _rows_read(node: dict[str, Any]) -> int:
     """Rows the scans of a plan read (kept or filtered out), over all their loops."""
     read = 0
