@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_inbox import store
+from django_inbox import leases, store
 from django_inbox.claims import claim_batch
 from django_inbox.models import InboxMessage
 
@@ -96,3 +99,48 @@ def test_a_dead_workers_batch_is_blamed_once_even_when_claims_split_it() -> None
         "c-2": 1,
         "c-3": 1,
     }
+
+
+def _indexes(node: dict[str, Any]) -> set[str]:
+    """The indexes a plan's scans read."""
+    found = {node["Index Name"]} if "Index Name" in node else set()
+    for child in node.get("Plans", []):
+        found |= _indexes(child)
+    return found
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("change", ["complete", "fail", "release"])
+def test_a_claimed_rows_fenced_change_reads_its_primary_key_whatever_the_statistics_say(
+    change: str,
+) -> None:
+    """Statistics taken when no row was due, then a backlog: a fenced change of a claimed row
+    still finds it by primary key. (With ``status = 'in_progress'`` in its ``WHERE``, the
+    planner read the polled rows' partial index, all of it, for every completion.)"""
+    _store(50)
+    for row in claim_batch("effects", 50):
+        assert leases.complete(row, timezone.now(), "default")
+    table = InboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {table}")
+        cursor.execute(
+            f"INSERT INTO {table} (consumer, message_id, source, rerun, event_type, payload, "
+            "headers, status, attempts, last_error, history, received_at, updated_at, "
+            "next_attempt_at, lease_id, key) SELECT 'effects', md5(i::text), '', false, "
+            "'effect.write', '{}', '{}', 'received', 0, '', '[]', now(), now(), now(), '', '' "
+            "FROM generate_series(1, 50000) i"
+        )
+    row = claim_batch("effects", 10)[3]
+    now = timezone.now()
+    run = {
+        "complete": lambda: leases.complete(row, now, "default"),
+        "fail": lambda: leases.fenced(row, "default").update(status="failed", lease_id=""),
+        "release": lambda: leases.release(row, now, "default"),
+    }[change]
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        assert run()
+        update = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE"))
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (FORMAT JSON) " + update)
+            plan = cursor.fetchone()[0]
+    assert _indexes(plan[0]["Plan"]) == {f"{table}_pkey"}, json.dumps(plan, indent=1)

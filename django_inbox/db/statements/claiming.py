@@ -104,14 +104,14 @@ def _claimed_rows(found: list[Any], using: str) -> list[InboxMessage]:
 
 def completion_sql(quote: Any, table: str, condition: str = "") -> str:
     """The fenced completion of a claimed row, ``condition`` added to its ``WHERE``.
-    Parameters: now (``processed_at``), now (``updated_at``), the row's id, its lease id."""
+    Parameters: now (``processed_at``), now (``updated_at``), the row's id, its lease id. The
+    lease alone is the fence (see :mod:`django_inbox.leases`: no ``status`` condition)."""
     return (
         f"UPDATE {table} SET {quote('status')} = {status_literal(Status.COMPLETED)}, "
         f"{quote('processed_at')} = %s, {quote('updated_at')} = %s, "
         f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = NULL, "
         f"{quote('lease_id')} = '', {quote('last_error')} = '' "
-        f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
-        f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)}{condition}"
+        f"WHERE {quote('id')} = %s AND {quote('lease_id')} = %s{condition}"
     )
 
 

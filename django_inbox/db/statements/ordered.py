@@ -265,8 +265,7 @@ def set_aside(
             f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = %s, "
             f"{quote('last_error')} = %s, {quote('updated_at')} = %s"
             + (f", {quote('processed_at')} = %s" if skipped else "")
-            + f" WHERE {quote('id')} = %s AND {quote('lease_id')} = %s "
-            f"AND {quote('status')} = {status_literal(Status.IN_PROGRESS)}"
+            + f" WHERE {quote('id')} = %s AND {quote('lease_id')} = %s"
         )
 
     sql = cached_sql(using, ("set_aside", status), build)
