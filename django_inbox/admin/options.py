@@ -56,7 +56,6 @@ class InboxMessageAdmin(ActionsMixin, KeyViewMixin, _ModelAdmin):
         "next_attempt_at",
         "short_error",
     )
-    #: Versions the key view lists.
     list_display_links = ("message_id",)
     list_filter = ("status", ConsumerFilter, EventTypeFilter, ReceivedFilter)
     search_fields = ("message_id",)  # searched by get_search_results, through the indexes
