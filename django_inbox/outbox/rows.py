@@ -126,7 +126,8 @@ def mark_sent(pks: list[int], lease_id: str, using: str, keys: Iterable[str] = (
     Only the claim gives a row a lease id, and settling a row clears it, so the lease alone
     says the row is still pending and ours. Its status is not in the ``WHERE``: with
     statistics from before a backlog, PostgreSQL would read the pending rows' partial index
-    for it (all 200,000 of them in a test) instead of the batch's primary keys."""
+    for it (measured: 199,900 rows read for a batch of 100) instead of the batch's primary
+    keys."""
     if not pks:
         return 0
     now = timezone.now()
