@@ -58,8 +58,11 @@ def whole_leases(
 
     :func:`split_blame` blames the lowest row still holding a lease. Once that row is
     decided, the lowest of the rest would be blamed next, so all rows of a lease must be
-    decided in one transaction. Leases whose rows are partly locked by another process
-    (a claim or a concurrent reclaim) are left whole for a later run.
+    decided in one transaction. Leases with a row locked by another process (a claim or a
+    concurrent reclaim) are left whole for a later run, except when that row is the lease's
+    lowest: it may be running still (an ordered consumer's version holds its row locked from
+    before its handler to its commit), and deciding the rows above it leaves it the lowest,
+    so its batch-mates, which never started, are given back without waiting for it.
     """
     members = dict(
         InboxMessage.objects.using(using)
@@ -77,7 +80,10 @@ def whole_leases(
         )
         batch = sorted([*batch, *extra], key=lambda row: row.pk)
         held.update(row.pk for row in extra)
-    partial = {lease for pk, lease in members.items() if pk not in held}
+    lowest: dict[str, int] = {}
+    for pk, lease in members.items():
+        lowest[lease] = min(pk, lowest.get(lease, pk))
+    partial = {lease for pk, lease in members.items() if pk not in held and pk != lowest[lease]}
     whole = [row for row in batch if row.lease_id not in partial]
     return whole, {*members, *held}
 

@@ -4,7 +4,9 @@ Workers take over rows of dead workers on their own, once their lease expires (s
 :mod:`django_inbox.takeover`). Reclaiming does the same for rows no worker will look at soon (a
 consumer whose workers are all gone), and for operators who want them accounted for now. It
 clears the lease, so a worker that wakes up later (a ``SIGSTOP``-ped process, a long GC pause)
-finds its fenced completion matching nothing and rolls its work back.
+finds its fenced completion matching nothing and rolls its work back. A row whose worker's open
+transaction holds it locked (an ordered consumer's version, completed before its handler) is
+not reclaimed: that worker is still running it.
 """
 
 from __future__ import annotations

@@ -512,3 +512,75 @@ def test_a_version_whose_lease_was_taken_over_is_not_run() -> None:
     assert runs("K") == [1] and applied("K") == 1
     taken = row("K-2")
     assert taken.status == Status.IN_PROGRESS and taken.lease_id == "another-worker"
+
+
+@pytest.mark.postgres
+def test_a_worker_moves_on_from_a_key_another_transaction_is_running() -> None:
+    """Another worker runs K-2 (its transaction has updated K's row): a worker that claimed
+    K-3 gives it back at once instead of waiting for that transaction to end."""
+    from django.db import connection, connections
+
+    from django_inbox.attempts import process_claimed
+
+    put("K", 1)
+    drain()
+    put("K", 3)
+    claimed = _claimed("K-3")
+    running = connections.create_connection("default")
+    try:
+        with running.cursor() as other, connection.cursor() as mine:
+            other.execute("BEGIN")
+            other.execute(
+                f"UPDATE {InboxKey._meta.db_table} SET applied_sequence = 2 "
+                "WHERE consumer = %s AND key = %s",
+                [CONSUMER, "K"],
+            )
+            mine.execute("SET lock_timeout = '5s'")  # a wait for the key fails, not hangs
+            try:
+                assert process_claimed(claimed) == Outcome.IN_PROGRESS
+            finally:
+                mine.execute("RESET lock_timeout")
+            other.execute("ROLLBACK")
+    finally:
+        running.close()
+    given_back = row("K-3")
+    assert given_back.status == Status.RECEIVED and given_back.attempts == 0
+    assert runs("K") == [1]
+
+
+@pytest.mark.postgres
+def test_a_running_versions_batch_mates_are_taken_over_when_their_lease_runs_out() -> None:
+    """A worker runs A-2, the first of its batch, past the lease: its row stays locked until
+    it commits. The batch-mate B-2, which never started, is taken over by the next claim,
+    without an attempt counted, while A-2 is left to the worker running it."""
+    from django.db import connections
+
+    from django_inbox.claims import claim_batch
+
+    put("A", 1)
+    put("B", 1)
+    drain()
+    put("A", 2)
+    put("B", 2)
+    batch = claim_batch(CONSUMER, 2)
+    assert [claimed.message_id for claimed in batch] == ["A-2", "B-2"]
+    past = timezone.now() - timedelta(minutes=1)
+    InboxMessage.objects.filter(pk__in=[claimed.pk for claimed in batch]).update(
+        locked_until=past, next_attempt_at=past
+    )
+    running = connections.create_connection("default")
+    try:
+        with running.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute(
+                f"SELECT 1 FROM {InboxMessage._meta.db_table} WHERE id = %s FOR UPDATE",
+                [batch[0].pk],
+            )
+            taken = claim_batch(CONSUMER, 10)
+            cursor.execute("ROLLBACK")
+    finally:
+        running.close()
+    assert [claimed.message_id for claimed in taken] == ["B-2"]
+    assert taken[0].attempts == 1  # the dead claim's attempt was not counted against it
+    left = row("A-2")
+    assert left.status == Status.IN_PROGRESS and left.lease_id == batch[0].lease_id

@@ -37,7 +37,9 @@ def lock_key(consumer: str, key: str, first: int, using: str, *, wait: bool) -> 
         found = cursor.fetchone()
         if found is not None:
             return int(found[0])
-        # New (or, without ``wait``, held by someone): the inserted row is ours and locked.
+        if not wait and _present(cursor, consumer, key, using):
+            return None  # held by someone
+        # New: the inserted row is ours and locked (with ``wait``, or the row's holder).
         cursor.execute(_insert_key_sql(using), [consumer, key, first - 1])
         found = cursor.fetchone()
         if found is not None:
@@ -150,12 +152,31 @@ def _new_key(
     """The key had no row (or another transaction holds it): create it, locked, applied up
     to ``sequence`` if that is ``first``. ``(None, False)``: another transaction holds it."""
     with preparing.cursor(using) as cursor:
+        if _present(cursor, consumer, key, using):
+            return None, False
         cursor.execute(
             _insert_key_sql(using), [consumer, key, first if sequence == first else first - 1]
         )
         if cursor.fetchone() is None:
             return None, False
     return first - 1, sequence == first
+
+
+def _present(cursor: Any, consumer: str, key: str, using: str) -> bool:
+    """Whether ``key`` has a committed row, read without waiting for its lock: a row that
+    ``FOR UPDATE SKIP LOCKED`` skipped is held by another transaction, and an ``INSERT … ON
+    CONFLICT`` would wait for that transaction if it changed the row (a worker running a
+    version updates it), instead of moving on to other keys."""
+    sql = cached_sql(
+        using,
+        "key_present",
+        lambda quote, _: (
+            f"SELECT 1 FROM {_key_table(quote)} "
+            f"WHERE {quote('consumer')} = %s AND {quote('key')} = %s"
+        ),
+    )
+    cursor.execute(sql, [consumer, key])
+    return cursor.fetchone() is not None
 
 
 def _insert_key_sql(using: str) -> str:
