@@ -114,7 +114,7 @@ class Limits(ReportData):
         how = (
             "The conflicting INSERT runs inside `transaction.atomic()` (it must, for a new "
             "message), so a duplicate pays a BEGIN and a COMMIT of an empty transaction, then "
-            "`_deliver_existing` asks for the status with a separate SELECT. "
+            "`deliver_existing` asks for the status with a separate SELECT. "
             if separate_select
             else "The existing row's status comes back with the INSERT (one CTE); what is "
             "left is the BEGIN and COMMIT of the empty transaction around it (the INSERT must "

@@ -74,12 +74,14 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         if held is not None:
             return ordering.held_back(message, held, using)
     except LeaseLost:
+        message.inbox_released = []  # type: ignore[attr-defined]  # rolled back with the rest
         logger.warning(
-            "inbox message %s: lease lost to another worker; this attempt's work was rolled back",
+            "inbox message %s: lease lost to another worker; nothing of this attempt was kept",
             message.message_id,
         )
         return Outcome.IN_PROGRESS
     except Exception as exc:
+        message.inbox_released = []  # type: ignore[attr-defined]  # rolled back with the rest
         if connection_lost(exc, using):
             raise  # infrastructure, not the handler: the caller gives the row back later
         duration = time.perf_counter() - started

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from . import history
 from .db import statements
+from .db.statements.common import fence
 from .models import InboxMessage
 
 Status = InboxMessage.Status
@@ -49,7 +50,7 @@ def solo(lease_id: str) -> str:
 
 def fenced(row: InboxMessage, using: str) -> QuerySet[InboxMessage]:
     """``row`` for as long as its lease holds it: the fence every change of a claimed row uses."""
-    return InboxMessage.objects.using(using).filter(pk=row.pk, lease_id=row.lease_id)
+    return InboxMessage.objects.using(using).filter(pk=row.pk, lease_id=fence(row.lease_id))
 
 
 def _cleared(now: datetime) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def complete_all(rows: list[InboxMessage], using: str) -> int:
     now = timezone.now()
     return (
         InboxMessage.objects.using(using)
-        .filter(pk__in=[row.pk for row in rows], lease_id=rows[0].lease_id)
+        .filter(pk__in=[row.pk for row in rows], lease_id=fence(rows[0].lease_id))
         .update(
             **_cleared(now),
             status=Status.COMPLETED,

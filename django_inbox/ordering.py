@@ -84,11 +84,13 @@ def lock(consumer: str, key: str, using: str, *, wait: bool = True) -> int | Non
 
 
 def lock_for_worker(message: InboxMessage, using: str) -> statements.Taken:
-    """A worker's lock of a claimed version's key, never waiting: the key's applied sequence
-    (``None``: another transaction holds it) and whether this version was recorded applied
-    already. On PostgreSQL, when the version is the key's next one, one statement records it
-    applied, completes the row (fenced on its lease) and makes the next version due, before
-    the handler runs (an operator's skip ahead is not completed: it goes ``skipped``)."""
+    """A worker's lock of a claimed version's key, never waiting, as a
+    :class:`~django_inbox.db.statements.Taken`: the key's applied sequence (``None``: another
+    transaction holds it) and whether this version was recorded applied already. On
+    PostgreSQL, when the version is the key's next one (and the key has a row), one statement
+    records it applied, completes the row (fenced on its lease) and makes the next version
+    due, before the handler runs (an operator's skip ahead is not completed: it goes
+    ``skipped``)."""
     if connections[using].vendor != "postgresql":
         return statements.Taken(
             lock(message.consumer, message.key, using, wait=False), False, None, []

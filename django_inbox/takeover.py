@@ -11,8 +11,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Min
-
 from . import events, history, leases
 from .models import InboxMessage
 from .registry import registry
@@ -22,25 +20,20 @@ Status = InboxMessage.Status
 
 
 def split_blame(
-    abandoned: list[InboxMessage], using: str
+    abandoned: list[InboxMessage], running: dict[str, int]
 ) -> tuple[list[InboxMessage], list[InboxMessage]]:
     """Split rows of expired leases into those whose attempt counts and those never started.
 
     A worker runs its batch in primary-key order, and every row it finishes leaves
     ``in_progress``. So of the rows still holding a dead worker's lease, only the lowest pk
     was running when it died: that attempt counts. The others never started, so one poison
-    message cannot use up its batch-mates' attempts.
+    message cannot use up its batch-mates' attempts. ``running`` maps each lease to that
+    lowest pk, as :func:`whole_leases` read it with the rows it holds (read again later, a
+    running row that committed meanwhile would make a row that never started look like it).
 
     A batch run in one shared transaction committed nothing, so none of its rows is blamed;
     the next claim runs them one transaction each, which finds the culprit if it strikes again.
     """
-    running = dict(
-        InboxMessage.objects.using(using)
-        .filter(status=Status.IN_PROGRESS, lease_id__in={row.lease_id for row in abandoned})
-        .values("lease_id")
-        .annotate(first=Min("pk"))
-        .values_list("lease_id", "first")
-    )
     blamed: list[InboxMessage] = []
     innocent: list[InboxMessage] = []
     for row in abandoned:
@@ -53,8 +46,10 @@ def split_blame(
 
 def whole_leases(
     batch: list[InboxMessage], stale: Any, using: str
-) -> tuple[list[InboxMessage], set[int]]:
-    """Extend locked rows to whole dead-worker batches (leases); return them and every pk seen.
+) -> tuple[list[InboxMessage], set[int], dict[str, int]]:
+    """Extend locked rows to whole dead-worker batches (leases); return them, every pk seen,
+    and each lease's lowest ``in_progress`` pk (the row that was running, for
+    :func:`split_blame`).
 
     :func:`split_blame` blames the lowest row still holding a lease. Once that row is
     decided, the lowest of the rest would be blamed next, so all rows of a lease must be
@@ -85,7 +80,7 @@ def whole_leases(
         lowest[lease] = min(pk, lowest.get(lease, pk))
     partial = {lease for pk, lease in members.items() if pk not in held and pk != lowest[lease]}
     whole = [row for row in batch if row.lease_id not in partial]
-    return whole, {*members, *held}
+    return whole, {*members, *held}, lowest
 
 
 def take_over(abandoned: list[InboxMessage], now: datetime, using: str) -> set[int]:
@@ -96,12 +91,14 @@ def take_over(abandoned: list[InboxMessage], now: datetime, using: str) -> set[i
     claim counted. A dead worker's batch is decided whole, in the claim's transaction: rows of
     it beyond the claim's limit are locked too and given back (the blamed one as ``failed``
     after its backoff, the others due now), so a later claim cannot blame a second row of it.
-    A batch partly locked by another process is left alone for a later claim.
+    A batch partly locked by another process is left alone for a later claim (unless only its
+    running row is locked: see :func:`whole_leases`).
     """
-    whole, _ = whole_leases(abandoned, InboxMessage.objects.using(using).stale(now), using)
+    stale = InboxMessage.objects.using(using).stale(now)
+    whole, _, running = whole_leases(abandoned, stale, using)
     claiming = {row.pk for row in abandoned}
     dropped = claiming - {row.pk for row in whole}
-    blamed, innocent = split_blame(whole, using)
+    blamed, innocent = split_blame(whole, running)
     for row in innocent:
         if row.pk in claiming:
             leases.uncount(row, using)

@@ -70,7 +70,9 @@ def reclaim(
     uncounted (see :func:`~django_inbox.takeover.split_blame`). Rows another process is
     claiming or reclaiming at the same moment are skipped, never waited for; so is the rest of
     their dead worker's batch, which is always decided whole, in one transaction
-    (``batch_size`` may be exceeded to hold it).
+    (``batch_size`` may be exceeded to hold it), unless the row held elsewhere is the batch's
+    running one: the rows above it are decided without it
+    (:func:`~django_inbox.takeover.whole_leases`).
     """
     using = inbox_settings.database
     result = ReclaimResult()
@@ -88,9 +90,9 @@ def reclaim(
             )
             if not batch:
                 return result
-            batch, looked_at = whole_leases(batch, stale, using)
+            batch, looked_at, running = whole_leases(batch, stale, using)
             seen.update(looked_at)
-            blamed, innocent = split_blame(batch, using)
+            blamed, innocent = split_blame(batch, running)
             for row in blamed:
                 status: str
                 if dry_run:

@@ -10,7 +10,7 @@ from django.db import connections
 
 from ...models import InboxMessage
 from .. import preparing
-from .common import JSON_COLUMNS, Status, cached_sql, status_literal
+from .common import JSON_COLUMNS, Status, cached_sql, fence, status_literal
 
 
 def _claim_sql(quote: Any, table: str, where: str) -> str:
@@ -126,5 +126,5 @@ def complete(pk: int, lease_id: str, now: datetime, using: str) -> bool:
     )
     stamp = connection.ops.adapt_datetimefield_value(now)
     with preparing.cursor(using) as cursor:
-        cursor.execute(sql, [stamp, stamp, pk, lease_id])
+        cursor.execute(sql, [stamp, stamp, pk, fence(lease_id)])
         return bool(cursor.rowcount == 1)

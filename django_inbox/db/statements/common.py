@@ -66,3 +66,11 @@ def table_of(using: str) -> str:
 def status_literal(value: str) -> str:
     """A status as an SQL literal (only the model's own values are ever written so)."""
     return f"'{Status(value).value}'"
+
+
+def fence(lease_id: str) -> str:
+    """A fenced statement's lease id. An empty one is refused: it would match every row that
+    no claim holds (a ``completed`` or ``dead`` one too), since the lease is the whole fence."""
+    if not lease_id:
+        raise ValueError("a fenced change of a claimed row needs its claim's lease id")
+    return lease_id

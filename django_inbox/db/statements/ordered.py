@@ -12,7 +12,7 @@ from django.db import connections
 from ...models import InboxKey
 from .. import preparing
 from .claiming import completion_sql
-from .common import Status, cached_sql, status_literal
+from .common import Status, cached_sql, fence, status_literal
 
 
 def _key_table(quote: Any) -> str:
@@ -117,7 +117,8 @@ def lock_apply_complete(
     """:func:`lock_and_apply`, and when the claimed version is the key's next one, its
     fenced completion and the release of the next version too, all in one statement, before
     the handler runs: the transaction commits them with the handler's writes or rolls them
-    back with them, so the handler's transaction sends no statement of the inbox after it.
+    back with them, so the inbox sends no statement after the handler (but the history of a
+    re-run that suppressed side effects).
     The row's ``processed_at`` is then when its handler started."""
 
     def build(quote: Any, table: str) -> str:
@@ -135,7 +136,7 @@ def lock_apply_complete(
     sql = cached_sql(using, "lock_apply_complete", build)
     stamp = connections[using].ops.adapt_datetimefield_value(now)
     params: list[Any] = [consumer, key, sequence, consumer, key, sequence]
-    params += [stamp, stamp, pk, lease_id, stamp, stamp, consumer, key, sequence + 1]
+    params += [stamp, stamp, pk, fence(lease_id), stamp, stamp, consumer, key, sequence + 1]
     with preparing.cursor(using) as cursor:
         cursor.execute(sql, params)
         applied, moved, done, released = cursor.fetchone()
@@ -258,7 +259,7 @@ def complete_ordered(
 
     sql = cached_sql(using, ("complete_ordered", applied), build)
     stamp = connections[using].ops.adapt_datetimefield_value(now)
-    params = [stamp, stamp, pk, lease_id, sequence, stamp, consumer, key]
+    params = [stamp, stamp, pk, fence(lease_id), sequence, stamp, consumer, key]
     params += [stamp, stamp, consumer, key, sequence + 1]
     with preparing.cursor(using) as cursor:
         cursor.execute(sql, params)
@@ -295,5 +296,5 @@ def set_aside(
     params: list[Any] = [adapt(next_attempt_at), last_error, stamp]
     params += [stamp] if skipped else []
     with preparing.cursor(using) as cursor:
-        cursor.execute(sql, [*params, pk, lease_id])
+        cursor.execute(sql, [*params, pk, fence(lease_id)])
         return bool(cursor.rowcount == 1)
