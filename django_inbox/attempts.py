@@ -4,7 +4,8 @@ The handler's writes and the ``completed`` status commit in one transaction, fen
 row's lease (:mod:`django_inbox.leases`). A handler exception rolls the writes back and is
 recorded in a transaction of its own: ``failed`` with a backoff, ``dead`` or ``parked``. A lost
 database connection is not the handler's failure: it is raised to the caller, which gives the
-row back once the database answers (:func:`give_back_interrupted`).
+row back once the database answers
+(:func:`~django_inbox.giving_back.give_back_interrupted`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from . import events, history, interruptions, leases, ordering, side_effects
 from .commits import committing
 from .conf import inbox_settings
 from .db.connection import connection_lost, transaction_aborted
-from .exceptions import ConnectionLost, LeaseLost, Park, Reject, Retry, TransactionAborted
+from .exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted
 from .models import InboxMessage
 from .outcomes import Outcome
 from .registry import Handler, registry
@@ -244,59 +245,3 @@ def failure(
         error_type=entry["type"],
         retry_at=next_attempt_at,
     )
-
-
-def release(messages: list[InboxMessage], *, using: str | None = None) -> int:
-    """Give back claimed rows that were never started (e.g. on shutdown), attempt uncounted."""
-    using = using or inbox_settings.database
-    now = timezone.now()
-    with transaction.atomic(using=using):
-        return sum(leases.release(message, now, using) for message in messages)
-
-
-def give_back_interrupted(using: str | None = None) -> int:
-    """Give back the rows noted in :mod:`~django_inbox.interruptions`; return how many.
-
-    Call once the database answers again. Rows that were waiting are due now with their
-    attempt uncounted; the row that was running gets an ``interrupted`` history entry, free
-    for its first ``max_attempts`` interruptions and recorded as a failed attempt
-    (``ConnectionLost``) after that. Rows another worker took over meanwhile are left alone.
-    """
-    using = using or inbox_settings.database
-    if not interruptions.pending():
-        return 0
-    noted = interruptions.take(using)
-    given = 0
-    try:
-        now = timezone.now()
-        with transaction.atomic(using=using):
-            for entry in noted:
-                if entry.lease_id is not None:
-                    given += leases.release_lease(entry.lease_id, now, using)
-                for row in entry.rows:
-                    if row is not entry.running:
-                        given += leases.release(row, now, using)
-        for entry in noted:
-            if entry.running is not None:
-                given += _give_back_running(entry.running, entry.error, using)
-    except Exception:
-        interruptions.put_back(noted)
-        raise
-    return given
-
-
-def _give_back_running(row: InboxMessage, error: str, using: str) -> int:
-    handler = registry.get(row.consumer, row.event_type)
-    if (
-        interruptions.free_interruptions(row)
-        < RetryPolicy.for_handler(row.consumer, handler).max_attempts
-    ):
-        entry = history.interrupted_entry(row.attempts, error, at=timezone.now())
-        return leases.release_interrupted(row, entry, using)
-    reason = (
-        f"the database connection was lost during attempt {row.attempts}"
-        + (f" ({error})" if error else "")
-        + "; this message's earlier interruptions used up its free ones, so this one counts"
-    )
-    outcome = record_failure(row, ConnectionLost(reason), handler, using=using)
-    return 0 if outcome is Outcome.IN_PROGRESS else 1

@@ -23,7 +23,6 @@ from . import events, history, interruptions, ordering
 from .attempts import (
     failure,
     failure_outcome,
-    give_back_interrupted,
     process_claimed,
     processed,
     run_handler,
@@ -34,6 +33,7 @@ from .commits import committing
 from .conf import inbox_settings
 from .db import statements
 from .db.connection import connection_lost
+from .giving_back import give_back_interrupted
 from .models import InboxMessage
 from .outcomes import Outcome
 from .registry import Handler, registry

@@ -5,7 +5,7 @@ backend was terminated, the network dropped, no connection slot was left), nothi
 running attempt committed, and it was not the handler's fault. The process cannot say so
 while the database is away, so it notes the rows here (and the lease of a claim whose reply
 was lost) and gives them back as soon as it reaches the database again
-(:func:`django_inbox.attempts.give_back_interrupted`): due now, attempt uncounted, and for
+(:func:`django_inbox.giving_back.give_back_interrupted`): due now, attempt uncounted, and for
 the row that was running an ``interrupted`` entry in its history.
 
 A handler that kills its own connection every time must not loop for ever: a row's first

@@ -147,10 +147,10 @@ def complete(
     applied sequence (unless ``applied``: its lock recorded it) and the release of the next
     version. Returns whether the lease still held the row, and the message ids made due."""
     assert message.sequence is not None
-    if connections[using].vendor == "postgresql":
+    if applied and connections[using].vendor == "postgresql":
         return statements.complete_ordered(
             message.pk, message.lease_id, message.consumer, message.key, message.sequence,
-            now, using, applied=applied,
+            now, using,
         )  # fmt: skip
     if not leases.complete(message, now, using):
         return False, []

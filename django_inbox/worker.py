@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 
 from . import gaps, interruptions
-from .attempts import give_back_interrupted, process_batch, release, run_released
+from .attempts import process_batch, run_released
 from .claims import claim_batch
 from .conf import inbox_settings
 from .db.connection import Outage, connection_lost, keep_connection
+from .giving_back import give_back_interrupted, release
 from .leases import is_shared
 from .models import InboxMessage
 from .registry import registry
@@ -88,7 +89,7 @@ class Worker:
         """Claim and process one batch per consumer; return how many messages were handled.
 
         Raises the database's error if the connection is lost; the rows this pass held are
-        then noted for :func:`~django_inbox.processing.give_back_interrupted`.
+        then noted for :func:`~django_inbox.giving_back.give_back_interrupted`.
         """
         handled = 0
         solo, self._solo = self._solo, False

@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
-from ..attempts import give_back_interrupted
 from ..db.connection import Outage, connection_lost, describe, keep_connection
 from ..delivering_batches import deliver_batch
+from ..giving_back import give_back_interrupted
 from ..rows import NewRow
 from ..shutdown import Shutdown
 from ..text import exception_text

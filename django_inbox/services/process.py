@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-from ..attempts import give_back_interrupted
 from ..broker.connection import (
     AckMode,
     BrokerConsumer,
@@ -13,6 +12,7 @@ from ..broker.connection import (
     BrokerUnreachable,
     ConsumeStats,
 )
+from ..giving_back import give_back_interrupted
 from ..worker import Worker, WorkerStats
 
 __all__ = [

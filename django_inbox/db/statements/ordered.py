@@ -1,6 +1,7 @@
-"""Ordered consumers' statements on PostgreSQL: a key's lock, and the completion that applies
-a version and releases the next one. Each is one round trip; other databases go through the
-ORM (:mod:`django_inbox.ordering`)."""
+"""Ordered consumers' statements on PostgreSQL: a key's lock (for a worker, with the claimed
+version's apply, completion and the next version's release, before the handler), the
+completions that release the next version, and setting a version aside. Each is one round
+trip; other databases go through the ORM (:mod:`django_inbox.ordering`)."""
 
 from __future__ import annotations
 
@@ -237,30 +238,24 @@ def complete_ordered(
     sequence: int,
     now: datetime,
     using: str,
-    *,
-    applied: bool = False,
 ) -> tuple[bool, list[str]]:
-    """The fenced completion of a claimed version, the key's new applied sequence (unless
-    ``applied``: :func:`lock_and_apply` recorded it) and the release of the next version, in
-    one statement. Returns whether the lease still held the row (nothing else changes if not)
-    and the released message ids."""
+    """The fenced completion of a claimed version that its key's lock already recorded
+    applied (a new key's first version: :func:`lock_and_apply`), and the release of the next
+    version, in one statement. Returns whether the lease still held the row (nothing else
+    changes if not) and the released message ids."""
 
     def build(quote: Any, table: str) -> str:
         held = " AND EXISTS (SELECT FROM done)"
-        # Applied already: the key's row is not written again (a no-op "advance").
-        advance = _advance_sql(quote, held + (" AND false" if applied else ""))
         return (
             f"WITH done AS ({completion_sql(quote, table)} RETURNING 1), "
-            f"advanced AS ({advance}), "
             f"released AS ({_release_sql(quote, table, held)}) "
             f"SELECT (SELECT count(*) FROM done), "
             f"(SELECT array_agg({quote('message_id')}) FROM released)"
         )
 
-    sql = cached_sql(using, ("complete_ordered", applied), build)
+    sql = cached_sql(using, "complete_ordered", build)
     stamp = connections[using].ops.adapt_datetimefield_value(now)
-    params = [stamp, stamp, pk, fence(lease_id), sequence, stamp, consumer, key]
-    params += [stamp, stamp, consumer, key, sequence + 1]
+    params = [stamp, stamp, pk, fence(lease_id), stamp, stamp, consumer, key, sequence + 1]
     with preparing.cursor(using) as cursor:
         cursor.execute(sql, params)
         done, released = cursor.fetchone()
