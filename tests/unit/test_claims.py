@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
@@ -15,6 +14,7 @@ from django.utils import timezone
 from django_inbox import leases, store
 from django_inbox.claims import claim_batch
 from django_inbox.models import InboxMessage
+from tests.plans import explain, indexes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -101,14 +101,6 @@ def test_a_dead_workers_batch_is_blamed_once_even_when_claims_split_it() -> None
     }
 
 
-def _indexes(node: dict[str, Any]) -> set[str]:
-    """The indexes a plan's scans read."""
-    found = {node["Index Name"]} if "Index Name" in node else set()
-    for child in node.get("Plans", []):
-        found |= _indexes(child)
-    return found
-
-
 @pytest.mark.postgres
 @pytest.mark.parametrize("change", ["complete", "fail", "release"])
 def test_a_claimed_rows_fenced_change_reads_its_primary_key_whatever_the_statistics_say(
@@ -140,7 +132,5 @@ def test_a_claimed_rows_fenced_change_reads_its_primary_key_whatever_the_statist
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
         assert run()
         update = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE"))
-        with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN (FORMAT JSON) " + update)
-            plan = cursor.fetchone()[0]
-    assert _indexes(plan[0]["Plan"]) == {f"{table}_pkey"}, json.dumps(plan, indent=1)
+        plan = explain(update)
+    assert indexes(plan) == {f"{table}_pkey"}, json.dumps(plan, indent=1)

@@ -20,6 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django_inbox.outbox import publish, services
 from django_inbox.outbox import rows as relay_rows
 from django_inbox.outbox.models import OutboxMessage
+from tests.plans import explain, rows_read
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = OutboxMessage.Status
@@ -75,11 +76,8 @@ def test_a_claim_reads_a_hot_keys_head_only_however_long_its_backlog() -> None:
             _, claimed = relay_rows.claim(100, "default")
         claim_sql = next(q["sql"] for q in queries if "SKIP LOCKED" in q["sql"])
         OutboxMessage.objects.update(locked_until=None)
-        with connection.cursor() as cursor, transaction.atomic():
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_sql)
-            plan = cursor.fetchone()[0]
-        read = _rows_read(plan[0]["Plan"])
-        assert 0 < read <= 60, json.dumps(plan, indent=1)
+        plan = explain(claim_sql, analyze=True)
+        assert 0 < rows_read(plan) <= 60, json.dumps(plan, indent=1)
     else:
         _, claimed = relay_rows.claim(100, "default")
     assert sorted(row.message_id for row in claimed) == sorted([hot[0], *others])
@@ -106,19 +104,8 @@ def test_settling_a_batch_reads_its_own_rows_whatever_the_statistics_say(settle:
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
         assert getattr(relay_rows, settle)(pks, lease, "default") == 100
         update = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE"))
-        with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + update)
-            plan = cursor.fetchone()[0]
-    assert _rows_read(plan[0]["Plan"]) <= len(pks), json.dumps(plan, indent=1)
-
-
-def _rows_read(node: dict[str, Any]) -> int:
-    """Rows the scans of a plan read (kept or filtered out), over all their loops."""
-    read = 0
-    if "Scan" in node["Node Type"]:
-        kept = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-        read = kept * node.get("Actual Loops", 1)
-    return read + sum(_rows_read(child) for child in node.get("Plans", []))
+        plan = explain(update, analyze=True)
+    assert rows_read(plan) <= len(pks), json.dumps(plan, indent=1)
 
 
 def test_a_row_held_behind_a_row_sent_before_it_committed_is_released_by_the_sweep() -> None:
@@ -215,10 +202,8 @@ def test_a_replay_of_many_dead_rows_of_one_key_holds_all_but_the_oldest() -> Non
             relay_rows.claim(100, "default")
         claim_sql = next(q["sql"] for q in queries if "SKIP LOCKED" in q["sql"])
         OutboxMessage.objects.update(locked_until=None)
-        with connection.cursor() as cursor, transaction.atomic():
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim_sql)
-            plan = cursor.fetchone()[0]
-        assert _rows_read(plan[0]["Plan"]) <= 60, json.dumps(plan, indent=1)
+        plan = explain(claim_sql, analyze=True)
+        assert rows_read(plan) <= 60, json.dumps(plan, indent=1)
 
 
 @contextmanager

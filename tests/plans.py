@@ -1,0 +1,34 @@
+"""Query plans in tests: ``EXPLAIN`` a statement a test captured, and read what its scans did
+(for the tests that a statement's plan stays right whatever PostgreSQL's statistics say)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection, transaction
+
+
+def explain(sql: str, *, analyze: bool = False) -> dict[str, Any]:
+    """The top node of ``sql``'s plan (``analyze``: run it, in a savepoint or transaction)."""
+    options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
+    with connection.cursor() as cursor, transaction.atomic():
+        cursor.execute(f"EXPLAIN ({options}) {sql}")
+        plan: dict[str, Any] = cursor.fetchone()[0][0]["Plan"]
+    return plan
+
+
+def rows_read(node: dict[str, Any]) -> int:
+    """Rows the scans of an analyzed plan read (kept or filtered out), over all their loops."""
+    read = 0
+    if "Scan" in node["Node Type"]:
+        kept = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+        read = kept * node.get("Actual Loops", 1)
+    return read + sum(rows_read(child) for child in node.get("Plans", []))
+
+
+def indexes(node: dict[str, Any]) -> set[str]:
+    """The indexes a plan's scans read."""
+    found = {node["Index Name"]} if "Index Name" in node else set()
+    for child in node.get("Plans", []):
+        found |= indexes(child)
+    return found
