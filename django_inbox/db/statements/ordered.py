@@ -195,12 +195,23 @@ def _insert_key_sql(using: str) -> str:
 
 
 def _release_sql(quote: Any, table: str, condition: str) -> str:
+    """Make a key's next version due: its ``waiting`` rows ``received`` now. Parameters: now
+    (twice), consumer, key, the version. ``condition`` is added to the rows' choice.
+
+    The rows are chosen and locked in a subquery whose status test is written in the ``"C"``
+    collation, then updated by primary key. A plain ``status = 'waiting'`` lets PostgreSQL
+    answer from the waiting rows' deadline index (``django_inbox_waiting_idx``), which with
+    statistics from before a backlog of waiting rows it does, reading every waiting row of the
+    consumer for each release; compared so, the status matches no partial index, and the
+    key's versions index (``django_inbox_sequence_idx``) finds the version's rows."""
     return (
         f"UPDATE {table} SET {quote('status')} = {status_literal(Status.RECEIVED)}, "
         f"{quote('next_attempt_at')} = %s, {quote('updated_at')} = %s, "
-        f"{quote('last_error')} = '' WHERE {quote('consumer')} = %s AND {quote('key')} = %s "
-        f"AND {quote('sequence')} = %s AND {quote('status')} = {status_literal(Status.WAITING)}"
-        f"{condition} RETURNING {quote('message_id')}"
+        f"{quote('last_error')} = '' WHERE {quote('id')} = ANY(ARRAY("
+        f"SELECT {quote('id')} FROM {table} WHERE {quote('consumer')} = %s "
+        f"AND {quote('key')} = %s AND {quote('sequence')} = %s "
+        f'AND ({quote("status")} COLLATE "C") = {status_literal(Status.WAITING)}{condition} '
+        f"FOR UPDATE)) RETURNING {quote('message_id')}"
     )
 
 
