@@ -17,6 +17,7 @@ from django.utils import timezone
 from . import interruptions, leases
 from .conf import inbox_settings
 from .db import statements
+from .db.aside import with_status
 from .db.connection import connection_lost
 from .models import POLLED_STATUSES, InboxMessage
 from .takeover import take_over
@@ -103,7 +104,8 @@ def _claim(
             return []
         if abandoned:
             lease_id = leases.solo(lease_id)  # a dead worker's rows run one transaction each
-        rows.filter(pk__in=ids, status__in=POLLED_STATUSES, next_attempt_at__lte=now).update(
+        chosen = with_status(rows.filter(pk__in=ids, next_attempt_at__lte=now), *POLLED_STATUSES)
+        chosen.update(
             status=Status.IN_PROGRESS,
             attempts=F("attempts") + 1,
             lease_id=lease_id,

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from . import events, history
 from .conf import inbox_settings
+from .db.aside import with_status
 from .models import InboxKey, InboxMessage
 from .ordering import (
     Verdict,
@@ -148,7 +149,7 @@ def _rerun_past(found: InboxMessage, applied: int, now: datetime, using: str) ->
             "its first run passed too (they never arrived, or were purged)"
         ),
     }
-    InboxMessage.objects.using(using).filter(pk=found.pk, status=Status.WAITING).update(
+    with_status(InboxMessage.objects.using(using).filter(pk=found.pk), Status.WAITING).update(
         status=Status.RECEIVED,
         next_attempt_at=now,
         updated_at=now,
@@ -177,13 +178,13 @@ def park_expired_gaps(using: str | None = None, *, consumer: str | None = None) 
 
 def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
     with transaction.atomic(using=using):
-        found = InboxMessage.objects.using(using).filter(pk=pk, status=Status.WAITING).first()
+        found = with_status(InboxMessage.objects.using(using).filter(pk=pk), Status.WAITING).first()
         if found is None or found.sequence is None:
             return 0
         applied = lock(found.consumer, found.key, using, wait=False)
         if applied is None:
             return 0  # busy: whoever holds the key decides; the next sweep looks again
-        rows = InboxMessage.objects.using(using).filter(pk=pk, status=Status.WAITING)
+        rows = with_status(InboxMessage.objects.using(using).filter(pk=pk), Status.WAITING)
         verdict = decide(found.sequence, applied)
         if verdict is Verdict.RUN:
             rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now)

@@ -11,6 +11,7 @@ from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 
 from ..conf import inbox_settings
+from ..db.aside import with_status
 from .models import OutboxMessage
 from .settings import outbox_settings
 
@@ -127,7 +128,6 @@ def purge(*, older_than: float | None = None, batch_size: int = 1000) -> int:
         )
         if not batch:
             return deleted
-        count, _ = (
-            OutboxMessage.objects.using(using).filter(pk__in=batch, status=Status.SENT).delete()
-        )
+        chosen = OutboxMessage.objects.using(using).filter(pk__in=batch)
+        count, _ = with_status(chosen, Status.SENT).delete()
         deleted += count

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from .. import events, history, ordering
 from ..conf import inbox_settings
+from ..db.aside import with_status
 from ..models import InboxMessage
 from .actions import ActionOptions, ActionResult, options_of
 from .operator import SKIPPABLE
@@ -59,12 +60,8 @@ def _skip_one(
 ) -> InboxMessage | None:  # fmt: skip
     with transaction.atomic(using=using):
         applied = ordering.lock(consumer, key, using, wait=True)
-        row = (
-            InboxMessage.objects.using(using)
-            .select_for_update()
-            .filter(pk=pk, status__in=SKIPPABLE)
-            .first()
-        )
+        found = InboxMessage.objects.using(using).select_for_update().filter(pk=pk)
+        row = with_status(found, *SKIPPABLE).first()
         if row is None or applied is None:
             return None
         now = timezone.now()

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_inbox import leases, store
 from django_inbox.claims import claim_batch
 from django_inbox.models import InboxMessage
-from tests.plans import explain, indexes
+from tests.plans import explain, indexes, rows_read
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,3 +134,33 @@ def test_a_claimed_rows_fenced_change_reads_its_primary_key_whatever_the_statist
         update = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE"))
         plan = explain(update)
     assert indexes(plan) == {f"{table}_pkey"}, json.dumps(plan, indent=1)
+
+
+@pytest.mark.postgres
+def test_a_claim_of_one_message_by_its_id_reads_that_message_whatever_the_statistics_say() -> None:
+    """Statistics taken when no row was due, then a backlog of 50,000 due rows: claiming one
+    message by its id (a redelivery, an ordered consumer's released version) reads that row.
+    (With a plain ``status IN (…)``, the planner read the polled rows' partial index, the
+    whole backlog, to find it.)"""
+    _store(50)
+    for row in claim_batch("effects", 50):
+        assert leases.complete(row, timezone.now(), "default")
+    table = InboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {table}")
+        cursor.execute(
+            f"INSERT INTO {table} (consumer, message_id, source, rerun, event_type, payload, "
+            "headers, status, attempts, last_error, history, received_at, updated_at, "
+            "next_attempt_at, lease_id, key) SELECT 'effects', md5(i::text), '', false, "
+            "'effect.write', '{}', '{}', 'received', 0, '', '[]', now(), now(), "
+            "now() - interval '1 minute', '', '' FROM generate_series(1, 50000) i"
+        )
+        cursor.execute("SELECT md5('777')")
+        wanted = cursor.fetchone()[0]
+    with CaptureQueriesContext(connection) as queries:
+        [claimed] = claim_batch("effects", 1, message_id=wanted)
+    assert claimed.message_id == wanted
+    claim = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE"))
+    plan = explain(claim, analyze=True)
+    assert rows_read(plan) <= 1, json.dumps(plan, indent=1)
+    assert indexes(plan) == {"django_inbox_unique_consumer_message"}, json.dumps(plan, indent=1)

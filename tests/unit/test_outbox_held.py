@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django_inbox.outbox import publish, services
 from django_inbox.outbox import rows as relay_rows
 from django_inbox.outbox.models import OutboxMessage
-from tests.plans import explain, rows_read
+from tests.plans import explain, indexes, rows_read
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = OutboxMessage.Status
@@ -106,6 +106,34 @@ def test_settling_a_batch_reads_its_own_rows_whatever_the_statistics_say(settle:
         update = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE"))
         plan = explain(update, analyze=True)
     assert rows_read(plan) <= len(pks), json.dumps(plan, indent=1)
+
+
+@pytest.mark.postgres
+def test_the_purge_deletes_its_batch_by_primary_key_whatever_the_statistics_say() -> None:
+    """Statistics taken before any row was sent, then 50,000 sent rows past their retention:
+    each of the purge's deletes reads its batch by primary key, not every sent row."""
+    for n in range(50):
+        publish("order.placed", {"n": n}, routing_key="orders")
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {TABLE}")
+        cursor.execute(
+            f"INSERT INTO {TABLE} ({COLUMNS}, sent_at) SELECT md5(i::text), 'order.placed', "
+            "'{}', '{}', '', 'orders', '', 'sent', 1, '', now(), now(), NULL, '', '', '', "
+            "now() - interval '30 days' FROM generate_series(1, 50000) i"
+        )
+    with CaptureQueriesContext(connection) as queries:
+        assert services.purge(older_than=3600, batch_size=1000) == 50000
+    deletes = [q["sql"] for q in queries if q["sql"].startswith("DELETE")]
+    assert len(deletes) == 50
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} ({COLUMNS}, sent_at) SELECT md5(i::text), 'order.placed', "
+            "'{}', '{}', '', 'orders', '', 'sent', 1, '', now(), now(), NULL, '', '', '', "
+            "now() - interval '30 days' FROM generate_series(1, 50000) i"
+        )
+    plan = explain(deletes[0], analyze=True)  # the same 50,000 sent rows, other ids
+    assert rows_read(plan) <= 1000, json.dumps(plan, indent=1)
+    assert indexes(plan) == {f"{TABLE}_pkey"}, json.dumps(plan, indent=1)
 
 
 def test_a_row_held_behind_a_row_sent_before_it_committed_is_released_by_the_sweep() -> None:

@@ -10,7 +10,7 @@ from django.db import connections
 
 from ...models import InboxMessage
 from .. import preparing
-from .common import JSON_COLUMNS, Status, cached_sql, fence, status_literal
+from .common import JSON_COLUMNS, Status, cached_sql, fence, status_aside, status_literal
 
 
 def _claim_sql(quote: Any, table: str, where: str) -> str:
@@ -66,14 +66,17 @@ def claim_message(
     consumer: str, message_id: str, lease_id: str, until: datetime, now: datetime, using: str
 ) -> list[InboxMessage]:
     """PostgreSQL: claim one ``received`` or due ``failed`` message by its id, in one
-    autocommit statement (one probe of the unique index); ``[]`` if it is not claimable."""
+    autocommit statement (one probe of the unique index, whatever the statistics say: the
+    status test matches no partial index, :func:`~.common.status_aside`); ``[]`` if it is not
+    claimable."""
 
     def build(quote: Any, table: str) -> str:
         return _claim_sql(
             quote,
             table,
             f"{quote('consumer')} = %s AND {quote('message_id')} = %s "
-            f"AND {quote('status')} IN ({_DUE}) AND {quote('next_attempt_at')} <= %s",
+            f"AND {status_aside(quote, Status.RECEIVED, Status.FAILED)} "
+            f"AND {quote('next_attempt_at')} <= %s",
         )
 
     sql = cached_sql(using, "claim_message", build)

@@ -13,7 +13,7 @@ from django.db import connections
 from ...models import InboxKey
 from .. import preparing
 from .claiming import completion_sql
-from .common import Status, cached_sql, fence, status_literal
+from .common import Status, cached_sql, fence, status_aside, status_literal
 
 
 def _key_table(quote: Any) -> str:
@@ -198,19 +198,18 @@ def _release_sql(quote: Any, table: str, condition: str) -> str:
     """Make a key's next version due: its ``waiting`` rows ``received`` now. Parameters: now
     (twice), consumer, key, the version. ``condition`` is added to the rows' choice.
 
-    The rows are chosen and locked in a subquery whose status test is written in the ``"C"``
-    collation, then updated by primary key. A plain ``status = 'waiting'`` lets PostgreSQL
-    answer from the waiting rows' deadline index (``django_inbox_waiting_idx``), which with
-    statistics from before a backlog of waiting rows it does, reading every waiting row of the
-    consumer for each release; compared so, the status matches no partial index, and the
-    key's versions index (``django_inbox_sequence_idx``) finds the version's rows."""
+    The rows are chosen and locked in a subquery whose status test matches no partial index
+    (:func:`~.common.status_aside`), then updated by primary key: the key's versions index
+    (``django_inbox_sequence_idx``) finds them. With a plain ``status = 'waiting'`` and
+    statistics from before a backlog of waiting rows, PostgreSQL read the waiting rows'
+    deadline index (``django_inbox_waiting_idx``) whole for each release."""
     return (
         f"UPDATE {table} SET {quote('status')} = {status_literal(Status.RECEIVED)}, "
         f"{quote('next_attempt_at')} = %s, {quote('updated_at')} = %s, "
         f"{quote('last_error')} = '' WHERE {quote('id')} = ANY(ARRAY("
         f"SELECT {quote('id')} FROM {table} WHERE {quote('consumer')} = %s "
         f"AND {quote('key')} = %s AND {quote('sequence')} = %s "
-        f'AND ({quote("status")} COLLATE "C") = {status_literal(Status.WAITING)}{condition} '
+        f"AND {status_aside(quote, Status.WAITING)}{condition} "
         f"FOR UPDATE)) RETURNING {quote('message_id')}"
     )
 
