@@ -63,12 +63,14 @@ class _State:
     def __init__(self) -> None:
         self.stopped = False
         self.seen: dict[str, int] = {}
-        self.adopted: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: Connections seen, with the Django time zone they were last used with and whether
+        #: their own ``timestamptz`` loader reads another one.
+        self.adopted: weakref.WeakKeyDictionary[Any, tuple[Any, bool]] = weakref.WeakKeyDictionary()
 
     def reset(self) -> None:
         self.stopped = False
         self.seen.clear()
-        self.adopted = weakref.WeakSet()
+        self.adopted = weakref.WeakKeyDictionary()
 
 
 state = _State()
@@ -134,9 +136,12 @@ def _stop(exc: BaseException) -> None:
 
 def enabled(using: str) -> bool:
     """Whether the inbox prepares its statements on ``using``'s connections."""
+    return _enabled(connections[using])
+
+
+def _enabled(connection: Any) -> bool:
     if not _AVAILABLE or state.stopped or not inbox_settings.prepared_statements:
         return False
-    connection = connections[using]
     if connection.vendor != "postgresql" or not _plain_backend(connection):
         return False
     options = connection.settings_dict.get("OPTIONS") or {}
@@ -144,13 +149,24 @@ def enabled(using: str) -> bool:
     return not ("prepare_threshold" in options and options["prepare_threshold"] is None)
 
 
+#: :func:`_plain_backend`'s answer by backend class (a class's methods are fixed once loaded).
+_plain_kinds: dict[type, bool] = {}
+
+
 def _plain_backend(connection: Any) -> bool:
     """Django's own psycopg 3 backend, not one that wraps or creates its cursors itself."""
+    kind: Any = type(connection)
+    plain = _plain_kinds.get(kind)
+    if plain is None:
+        plain = _plain_kinds[kind] = _plain_kind(kind)
+    return plain
+
+
+def _plain_kind(kind: Any) -> bool:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.postgresql import base as postgresql
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
-    kind: Any = type(connection)
     base: Any = BaseDatabaseWrapper
     return bool(
         is_psycopg3
@@ -166,16 +182,21 @@ def cursor(using: str) -> Any:
     :func:`enabled`; Django's plain cursor elsewhere, and while Django logs queries (``DEBUG``,
     ``assertNumQueries``), so that the log shows each statement with its values."""
     connection: Any = connections[using]
-    if not enabled(using) or connection.queries_logged:
+    if not _enabled(connection) or connection.queries_logged:
         return connection.cursor()
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     raw = connection.connection
-    if raw not in state.adopted:
+    zone = connection.timezone
+    seen = state.adopted.get(raw)
+    if seen is None:
         _adopt(connection, raw)
+    if seen is None or seen[0] is not zone:
+        seen = state.adopted[raw] = (zone, _other_time_zone(raw, zone))
     with connection.wrap_database_errors:
         created = PreparingCursor(raw)
-        _same_time_zone(connection, created)
+        if seen[1]:
+            _register_time_zone(zone, created)
         return connection._prepare_cursor(created)
 
 
@@ -188,14 +209,17 @@ def _adopt(connection: Any, raw: Any) -> None:
     manager = getattr(raw, "_prepared", None)
     if manager is not None and isinstance(getattr(manager, "_prepared_idx", None), int):
         manager._prepared_idx += random.randrange(1 << 40)  # the counter only grows: no reuse
-    state.adopted.add(raw)
 
 
-def _same_time_zone(connection: Any, created: Any) -> None:
-    """Read ``timestamptz`` values in the connection's time zone, as Django's cursors do."""
+def _other_time_zone(raw: Any, zone: Any) -> bool:
+    """Whether ``raw`` reads ``timestamptz`` values in another time zone than ``zone``, the
+    Django connection's (a cursor then needs its own loader, as Django's cursors get)."""
     from django.db.backends.postgresql.base import TIMESTAMPTZ_OID
+
+    return bool(raw.adapters.get_loader(TIMESTAMPTZ_OID, pq.Format.TEXT).timezone != zone)
+
+
+def _register_time_zone(zone: Any, created: Any) -> None:
     from django.db.backends.postgresql.psycopg_any import register_tzloader
 
-    loader = connection.connection.adapters.get_loader(TIMESTAMPTZ_OID, pq.Format.TEXT)
-    if connection.timezone != loader.timezone:
-        register_tzloader(connection.timezone, created)
+    register_tzloader(zone, created)

@@ -157,3 +157,24 @@ def test_a_worker_that_loses_a_prepared_statement_tries_again_at_once(
     row = InboxMessage.objects.get(message_id="c")
     assert (row.status, row.attempts) == ("completed", 1)
     assert effect_counts() == {"a": 1, "b": 1, "c": 1}
+
+
+def test_prepared_reads_give_timestamps_in_the_connections_time_zone_as_it_changes() -> None:
+    """A claim's rows come back through the inbox's prepared cursor: with ``USE_TZ`` on, as
+    aware datetimes; switched off on the same connection, as naive ones (as the ORM reads
+    them); on again, aware. The cursor's time zone follows Django's connection's."""
+    from django_inbox import store
+    from django_inbox.claims import claim_batch
+
+    for n in range(6):
+        store(consumer="effects", message_id=f"tz-{n}", event_type="effect.write", payload={})
+    first = claim_batch("effects", 2)
+    assert all(row.received_at.tzinfo is not None for row in first)
+    with override_settings(USE_TZ=False):
+        naive = claim_batch("effects", 2)
+        by_orm = InboxMessage.objects.get(pk=naive[0].pk).received_at
+        assert naive[0].received_at.tzinfo is None
+        assert naive[0].received_at == by_orm
+    again = claim_batch("effects", 2)
+    assert all(row.received_at.tzinfo is not None for row in again)
+    assert connection.connection in preparing.state.adopted  # they came through it
