@@ -35,6 +35,7 @@ from django.utils import timezone
 from . import events, leases
 from .conf import inbox_settings
 from .db import statements
+from .db.aside import with_status
 from .exceptions import LeaseLost
 from .models import InboxKey, InboxMessage
 from .outcomes import Outcome
@@ -181,9 +182,10 @@ def set_aside(
 
 def release_next(consumer: str, key: str, sequence: int, now: datetime, using: str) -> list[str]:
     """Make ``key``'s waiting rows of ``sequence`` due now (under the key's lock)."""
-    rows = InboxMessage.objects.using(using).filter(
-        consumer=consumer, key=key, sequence=sequence, status=Status.WAITING
+    version = InboxMessage.objects.using(using).filter(
+        consumer=consumer, key=key, sequence=sequence
     )
+    rows = with_status(version, Status.WAITING)  # found by the key's versions index
     ids = list(rows.values_list("message_id", flat=True))
     if ids:
         rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now, last_error="")

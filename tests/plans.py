@@ -8,6 +8,16 @@ from typing import Any
 from django.db import connection, transaction
 
 
+def take_statistics(table: str) -> None:
+    """``ANALYZE`` ``table`` now, and keep those statistics for the rest of the test: autovacuum
+    is turned off for the table (in the test database), since the rows a test then loads could
+    make it analyze the table again under the test. The test's statements are then planned
+    with statistics from before what it loaded."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+        cursor.execute(f"ANALYZE {table}")
+
+
 def explain(sql: str, *, analyze: bool = False) -> dict[str, Any]:
     """The top node of ``sql``'s plan (``analyze``: run it, in a savepoint or transaction)."""
     options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"

@@ -9,7 +9,7 @@ it does: it reads the whole partial index, and filters on the id, to find one ro
 50,000 waiting rows, for each row a gap sweep looks at). :func:`with_status` writes the test
 in the ``"C"`` collation on PostgreSQL, so that it matches no index's predicate and the
 primary key answers. Equality in ``"C"`` is byte equality: the same rows. The hand-written
-statements use the same test (:func:`~django_inbox.db.statements.common.status_aside`).
+statements use the same test (:func:`~django_inbox.db.statements.common.status_exactly`).
 """
 
 from __future__ import annotations

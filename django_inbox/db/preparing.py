@@ -70,6 +70,7 @@ class _State:
     def reset(self) -> None:
         self.stopped = False
         self.seen.clear()
+        _plain_kinds.clear()
         self.adopted = weakref.WeakKeyDictionary()
 
 
@@ -149,7 +150,8 @@ def _enabled(connection: Any) -> bool:
     return not ("prepare_threshold" in options and options["prepare_threshold"] is None)
 
 
-#: :func:`_plain_backend`'s answer by backend class (a class's methods are fixed once loaded).
+#: :func:`_plain_backend`'s answer by backend class: looked at once per class, so a class
+#: patched after its first statement keeps its first answer (``state.reset()`` forgets them).
 _plain_kinds: dict[type, bool] = {}
 
 

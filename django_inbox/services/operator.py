@@ -20,7 +20,6 @@ from django.utils import timezone
 from .. import gaps, history, ordering
 from ..conf import inbox_settings
 from ..db import statements
-from ..db.aside import with_status
 from ..models import InboxMessage
 from . import rerun
 from .actions import ActionOptions as ActionOptions
@@ -203,7 +202,7 @@ def _update_row(
     """Change one row and append ``entry`` (completed with the row's status and attempts)."""
     entry = {**entry, "from": row.status, "attempts": row.attempts}
     return bool(
-        with_status(
-            InboxMessage.objects.using(inbox_settings.database).filter(pk=row.pk), row.status
-        ).update(**changes, history=history.append(row.history, entry), updated_at=now)
+        InboxMessage.objects.using(inbox_settings.database)
+        .filter(pk=row.pk, status=row.status)
+        .update(**changes, history=history.append(row.history, entry), updated_at=now)
     )

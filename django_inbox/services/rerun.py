@@ -34,7 +34,6 @@ from django.utils import timezone
 from .. import gaps, history, ordering
 from ..conf import inbox_settings
 from ..db import statements
-from ..db.aside import with_status
 from ..models import InboxKey, InboxMessage
 from .actions import ActionOptions, ActionResult, options_of, report
 
@@ -212,7 +211,7 @@ def _change(
         )
         return
     for row in rows:
-        with_status(InboxMessage.objects.using(using).filter(pk=row.pk), row.status).update(
+        InboxMessage.objects.using(using).filter(pk=row.pk, status=row.status).update(
             **changes,
             history=history.append(
                 row.history, {**entry, "from": row.status, "attempts": row.attempts}

@@ -11,7 +11,6 @@ from django.utils import timezone
 
 from .. import events, history, ordering
 from ..conf import inbox_settings
-from ..db.aside import with_status
 from ..models import InboxMessage
 from .actions import ActionOptions, ActionResult, options_of
 from .operator import SKIPPABLE
@@ -60,8 +59,12 @@ def _skip_one(
 ) -> InboxMessage | None:  # fmt: skip
     with transaction.atomic(using=using):
         applied = ordering.lock(consumer, key, using, wait=True)
-        found = InboxMessage.objects.using(using).select_for_update().filter(pk=pk)
-        row = with_status(found, *SKIPPABLE).first()
+        row = (
+            InboxMessage.objects.using(using)
+            .select_for_update()
+            .filter(pk=pk, status__in=SKIPPABLE)
+            .first()
+        )
         if row is None or applied is None:
             return None
         now = timezone.now()

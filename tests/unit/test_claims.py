@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_inbox import leases, store
 from django_inbox.claims import claim_batch
 from django_inbox.models import InboxMessage
-from tests.plans import explain, indexes, rows_read
+from tests.plans import explain, indexes, rows_read, take_statistics
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,7 +114,7 @@ def test_a_claimed_rows_fenced_change_reads_its_primary_key_whatever_the_statist
         assert leases.complete(row, timezone.now(), "default")
     table = InboxMessage._meta.db_table
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {table}")
+        take_statistics(table)
         cursor.execute(
             f"INSERT INTO {table} (consumer, message_id, source, rerun, event_type, payload, "
             "headers, status, attempts, last_error, history, received_at, updated_at, "
@@ -147,7 +147,7 @@ def test_a_claim_of_one_message_by_its_id_reads_that_message_whatever_the_statis
         assert leases.complete(row, timezone.now(), "default")
     table = InboxMessage._meta.db_table
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {table}")
+        take_statistics(table)
         cursor.execute(
             f"INSERT INTO {table} (consumer, message_id, source, rerun, event_type, payload, "
             "headers, status, attempts, last_error, history, received_at, updated_at, "

@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django_inbox.outbox import publish, services
 from django_inbox.outbox import rows as relay_rows
 from django_inbox.outbox.models import OutboxMessage
-from tests.plans import explain, indexes, rows_read
+from tests.plans import explain, indexes, rows_read, take_statistics
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = OutboxMessage.Status
@@ -93,7 +93,7 @@ def test_settling_a_batch_reads_its_own_rows_whatever_the_statistics_say(settle:
     lease, claimed = relay_rows.claim(100, "default")
     relay_rows.mark_sent([row.pk for row in claimed], lease, "default")
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {TABLE}")
+        take_statistics(TABLE)
         cursor.execute(
             f"INSERT INTO {TABLE} ({COLUMNS}) SELECT md5(i::text), 'order.placed', '{{}}', "
             "'{}', '', 'orders', '', 'pending', 0, '', now(), now(), now(), '', '', '' "
@@ -115,7 +115,7 @@ def test_the_purge_deletes_its_batch_by_primary_key_whatever_the_statistics_say(
     for n in range(50):
         publish("order.placed", {"n": n}, routing_key="orders")
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {TABLE}")
+        take_statistics(TABLE)
         cursor.execute(
             f"INSERT INTO {TABLE} ({COLUMNS}, sent_at) SELECT md5(i::text), 'order.placed', "
             "'{}', '{}', '', 'orders', '', 'sent', 1, '', now(), now(), NULL, '', '', '', "
@@ -224,8 +224,7 @@ def test_a_replay_of_many_dead_rows_of_one_key_holds_all_but_the_oldest() -> Non
     relay_rows.mark_sent([row.pk for row in claimed], lease, "default", ["hot"])
     assert due_rows("hot") == [ids[1], *later]  # released in order, one at a time
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {TABLE}")
+        take_statistics(TABLE)
         with CaptureQueriesContext(connection) as queries:
             relay_rows.claim(100, "default")
         claim_sql = next(q["sql"] for q in queries if "SKIP LOCKED" in q["sql"])

@@ -68,14 +68,21 @@ def status_literal(value: str) -> str:
     return f"'{Status(value).value}'"
 
 
+def status_exactly(quote: Any, vendor: str = "postgresql") -> str:
+    """The ``status`` column as a test that must match no partial index's predicate names it:
+    in the ``"C"`` collation on PostgreSQL, for a statement that finds its rows by another
+    index (a primary key, a message id, a key's version). A plain status test lets PostgreSQL
+    answer from the partial index of that status, which with statistics from before a backlog
+    it does, reading the whole backlog to find a few rows. Equality in ``"C"`` is byte
+    equality, the same answer. Other databases have no partial indexes to avoid."""
+    column = quote("status")
+    return f'({column} COLLATE "C")' if vendor == "postgresql" else column
+
+
 def status_aside(quote: Any, *statuses: str) -> str:
-    """``status IN (…)`` compared in the ``"C"`` collation, so that it matches no partial
-    index's predicate: for a statement that finds its rows by another index (a message id, a
-    key's version). A plain status test lets PostgreSQL answer from the partial index of that
-    status, which with statistics from before a backlog it does, reading the whole backlog to
-    find one row. Equality in ``"C"`` is byte equality, the same answer."""
+    """``status IN (…)`` as :func:`status_exactly` writes it (PostgreSQL)."""
     literals = ", ".join(status_literal(status) for status in statuses)
-    return f'({quote("status")} COLLATE "C") IN ({literals})'
+    return f"{status_exactly(quote)} IN ({literals})"
 
 
 def fence(lease_id: str) -> str:

@@ -210,7 +210,7 @@ def _release_sql(quote: Any, table: str, condition: str) -> str:
         f"SELECT {quote('id')} FROM {table} WHERE {quote('consumer')} = %s "
         f"AND {quote('key')} = %s AND {quote('sequence')} = %s "
         f"AND {status_aside(quote, Status.WAITING)}{condition} "
-        f"FOR UPDATE)) RETURNING {quote('message_id')}"
+        f"FOR NO KEY UPDATE)) RETURNING {quote('message_id')}"
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connections
 
 from ...models import InboxMessage
-from .common import quote_of, table_of
+from .common import quote_of, status_exactly, table_of
 
 # --- operators and upkeep ----------------------------------------------------------------
 
@@ -44,7 +44,7 @@ def update_appending_history(
     with connections[using].cursor() as cursor:
         cursor.execute(
             f"UPDATE {table_of(using)} SET {', '.join(sets)}, {history} "
-            f"WHERE {quote('id')} = ANY(%s) AND {quote('status')} = ANY(%s)",
+            f"WHERE {quote('id')} = ANY(%s) AND {status_exactly(quote)} = ANY(%s)",
             [*params, pks, statuses],
         )
 
@@ -67,7 +67,8 @@ def delete_selected(select_sql: str, params: list[Any], status: str, using: str)
         selected = f"{pk} IN ({select_sql})"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {table_of(using)} WHERE {selected} AND {quote('status')} = %s "
+            f"DELETE FROM {table_of(using)} WHERE {selected} "
+            f"AND {status_exactly(quote, connection.vendor)} = %s "
             f"RETURNING {pk}",
             [*params, status],
         )

@@ -1,0 +1,97 @@
+"""Statements that find their rows by primary key or message id and also test the status keep
+reading by that index whatever PostgreSQL's statistics say: statistics taken before a backlog
+of one status let the planner answer a status test from that status's partial index, read
+whole (see django_inbox/db/aside.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_inbox import store
+from django_inbox.claims import claim_batch
+from django_inbox.db import statements
+from django_inbox.models import InboxMessage
+from django_inbox.services.purge import purge
+from tests.plans import explain, indexes, take_statistics
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+TABLE = InboxMessage._meta.db_table
+PKEY = f"{TABLE}_pkey"
+
+
+def _backlog(status: str, *, due: str = "now() - interval '1 minute'") -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} (consumer, message_id, source, rerun, event_type, payload, "
+            "headers, status, attempts, last_error, history, received_at, updated_at, "
+            "next_attempt_at, lease_id, key) SELECT 'effects', md5(i::text), '', false, "
+            f"'effect.write', '{{}}', '{{}}', '{status}', 1, '', '[]', now(), "
+            f"now() - interval '60 days', {due}, '', '' FROM generate_series(1, 50000) i"
+        )
+
+
+def _completed(count: int = 50) -> None:
+    """What the statistics see: completed rows only."""
+    for n in range(count):
+        store(consumer="effects", message_id=f"c-{n}", event_type="effect.write", payload={})
+    InboxMessage.objects.update(status="completed", next_attempt_at=None)
+
+
+def _plan_reads(sql: str, expected: set[str]) -> None:
+    plan = explain(sql)
+    assert indexes(plan) == expected, (sql, json.dumps(plan, indent=1))
+
+
+def test_a_claim_by_id_that_finds_the_message_busy_reads_it_by_its_id() -> None:
+    """The message is claimed by another worker (lease not expired), so the one-statement
+    claim by id finds nothing and the general claim looks for an abandoned lease of it: that
+    look reads the message by its id, not the 50,000 due rows' index. (With these statistics
+    it did so before its status test was written aside too: this guards the plan.)"""
+    _completed()
+    store(consumer="effects", message_id="busy", event_type="effect.write", payload={})
+    take_statistics(TABLE)
+    _backlog("received")
+    assert claim_batch("effects", 1, message_id="busy")
+    with CaptureQueriesContext(connection) as queries:
+        assert claim_batch("effects", 1, message_id="busy") == []
+    look = next(q["sql"] for q in queries if "FOR UPDATE SKIP LOCKED" in q["sql"])
+    _plan_reads(look, {"django_inbox_unique_consumer_message"})
+
+
+def test_an_operators_change_of_a_selection_reads_its_rows_by_primary_key() -> None:
+    """Replay, retry or park of selected rows (one UPDATE per status, the history appended in
+    SQL), with 50,000 dead rows that the statistics never saw."""
+    _completed()
+    take_statistics(TABLE)
+    _backlog("dead", due="NULL")
+    pks = list(InboxMessage.objects.filter(status="dead").values_list("pk", flat=True)[:100])
+    entry = {"kind": "replay", "at": timezone.now().isoformat()}
+    with CaptureQueriesContext(connection) as queries:
+        statements.update_appending_history(
+            pks, ["dead"], {"status": "received", "next_attempt_at": timezone.now()}, entry,
+            "default",
+        )  # fmt: skip
+    update = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE"))
+    _plan_reads(update, {PKEY})
+
+
+def test_the_purge_of_dead_rows_deletes_each_batch_by_primary_key() -> None:
+    """``inbox_purge`` of dead rows past their retention, 50,000 of them unseen by the
+    statistics: the delete re-checks each selected row's status by primary key."""
+    _completed()
+    take_statistics(TABLE)
+    _backlog("dead", due="NULL")
+    with CaptureQueriesContext(connection) as queries:
+        result = purge(statuses=("dead",), older_than=30 * 86400, batch_size=1000)
+    assert sum(result.deleted.values()) == 50000
+    _backlog("dead", due="NULL")  # the same backlog again, for the plan
+    delete = next(q["sql"] for q in queries if q["sql"].startswith("DELETE"))
+    plan = explain(delete)
+    [scan] = [node for node in plan["Plans"] if node["Parent Relationship"] != "InitPlan"]
+    assert scan.get("Index Name") == PKEY, json.dumps(plan, indent=1)
