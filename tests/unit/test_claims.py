@@ -101,6 +101,25 @@ def test_a_dead_workers_batch_is_blamed_once_even_when_claims_split_it() -> None
     }
 
 
+def _backlog_the_statistics_never_saw(due: str) -> str:
+    """50 completed rows, the table's statistics taken (and kept), then 50,000 ``received``
+    rows due at ``due`` (SQL) that the statistics never saw; returns the table's name."""
+    _store(50)
+    for row in claim_batch("effects", 50):
+        assert leases.complete(row, timezone.now(), "default")
+    table = InboxMessage._meta.db_table
+    take_statistics(table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (consumer, message_id, source, rerun, event_type, payload, "
+            "headers, status, attempts, last_error, history, received_at, updated_at, "
+            "next_attempt_at, lease_id, key) SELECT 'effects', md5(i::text), '', false, "
+            f"'effect.write', '{{}}', '{{}}', 'received', 0, '', '[]', now(), now(), {due}, '', '' "
+            "FROM generate_series(1, 50000) i"
+        )
+    return table
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("change", ["complete", "fail", "release"])
 def test_a_claimed_rows_fenced_change_reads_its_primary_key_whatever_the_statistics_say(
@@ -109,19 +128,7 @@ def test_a_claimed_rows_fenced_change_reads_its_primary_key_whatever_the_statist
     """Statistics taken when no row was due, then a backlog: a fenced change of a claimed row
     still finds it by primary key. (With ``status = 'in_progress'`` in its ``WHERE``, the
     planner read the polled rows' partial index, all of it, for every completion.)"""
-    _store(50)
-    for row in claim_batch("effects", 50):
-        assert leases.complete(row, timezone.now(), "default")
-    table = InboxMessage._meta.db_table
-    with connection.cursor() as cursor:
-        take_statistics(table)
-        cursor.execute(
-            f"INSERT INTO {table} (consumer, message_id, source, rerun, event_type, payload, "
-            "headers, status, attempts, last_error, history, received_at, updated_at, "
-            "next_attempt_at, lease_id, key) SELECT 'effects', md5(i::text), '', false, "
-            "'effect.write', '{}', '{}', 'received', 0, '', '[]', now(), now(), now(), '', '' "
-            "FROM generate_series(1, 50000) i"
-        )
+    table = _backlog_the_statistics_never_saw("now()")
     row = claim_batch("effects", 10)[3]
     now = timezone.now()
     run = {
@@ -142,19 +149,8 @@ def test_a_claim_of_one_message_by_its_id_reads_that_message_whatever_the_statis
     message by its id (a redelivery, an ordered consumer's released version) reads that row.
     (With a plain ``status IN (…)``, the planner read the polled rows' partial index, the
     whole backlog, to find it.)"""
-    _store(50)
-    for row in claim_batch("effects", 50):
-        assert leases.complete(row, timezone.now(), "default")
-    table = InboxMessage._meta.db_table
+    _backlog_the_statistics_never_saw("now() - interval '1 minute'")
     with connection.cursor() as cursor:
-        take_statistics(table)
-        cursor.execute(
-            f"INSERT INTO {table} (consumer, message_id, source, rerun, event_type, payload, "
-            "headers, status, attempts, last_error, history, received_at, updated_at, "
-            "next_attempt_at, lease_id, key) SELECT 'effects', md5(i::text), '', false, "
-            "'effect.write', '{}', '{}', 'received', 0, '', '[]', now(), now(), "
-            "now() - interval '1 minute', '', '' FROM generate_series(1, 50000) i"
-        )
         cursor.execute("SELECT md5('777')")
         wanted = cursor.fetchone()[0]
     with CaptureQueriesContext(connection) as queries:
