@@ -6,6 +6,7 @@ whole (see django_inbox/db/aside.py)."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -95,3 +96,24 @@ def test_the_purge_of_dead_rows_deletes_each_batch_by_primary_key() -> None:
     plan = explain(delete)
     [scan] = [node for node in plan["Plans"] if node["Parent Relationship"] != "InitPlan"]
     assert scan.get("Index Name") == PKEY, json.dumps(plan, indent=1)
+
+
+def test_a_take_over_claims_the_abandoned_row_by_primary_key() -> None:
+    """A worker died holding a message (its lease expired); a claim of it by id takes it over:
+    the claim's ``UPDATE`` of the chosen row reads it by primary key, not the 50,000 due rows'
+    index. (It read so before its status test was written aside too: this guards the plan.)"""
+    _completed()
+    store(consumer="effects", message_id="abandoned", event_type="effect.write", payload={})
+    take_statistics(TABLE)
+    _backlog("received")
+    assert claim_batch("effects", 1, message_id="abandoned")  # the worker that dies
+    past = timezone.now() - timedelta(minutes=5)
+    InboxMessage.objects.filter(message_id="abandoned").update(
+        locked_until=past, next_attempt_at=past
+    )
+    with CaptureQueriesContext(connection) as queries:
+        [taken] = claim_batch("effects", 1, message_id="abandoned")
+    assert taken.message_id == "abandoned" and taken.attempts == 2
+    chosen = f'"{TABLE}"."id" IN ('
+    claim = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE") and chosen in q["sql"])
+    _plan_reads(claim, {PKEY})
