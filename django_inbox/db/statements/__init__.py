@@ -6,7 +6,8 @@ completion, the duplicate's status, an ordered consumer's key lock and completio
 what the ORM cannot say (a history entry appended in SQL, a delete of a locked batch, a loose
 index scan, the planner's row estimate). This package is the only place in the inbox that
 calls ``cursor.execute``: :mod:`.hot` and :mod:`.claiming` for the hot path, :mod:`.ordered`
-for ordered consumers, :mod:`.upkeep` for operators and upkeep. A reviewer reads here every
+and :mod:`.keys` (a key's own row) for ordered consumers, :mod:`.upkeep` for operators and
+upkeep. A reviewer reads here every
 statement the inbox sends (the optional outbox app keeps its few in its ``publishing``,
 ``rows`` and ``services`` modules).
 
@@ -21,15 +22,8 @@ from __future__ import annotations
 from .claiming import claim_fresh, claim_fresh_sql, claim_message, complete
 from .common import NewRow
 from .hot import current_status, current_status_sql, insert, insert_completed, insert_or_status
-from .ordered import (
-    Taken,
-    advance,
-    complete_ordered,
-    lock_and_apply,
-    lock_apply_complete,
-    lock_key,
-    set_aside,
-)
+from .keys import lock_and_apply, lock_key
+from .ordered import Taken, advance, complete_ordered, lock_apply_complete, set_aside
 from .upkeep import delete_selected, distinct_consumers, estimated_rows, update_appending_history
 
 __all__ = [

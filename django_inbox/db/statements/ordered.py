@@ -1,7 +1,8 @@
-"""Ordered consumers' statements on PostgreSQL: a key's lock (for a worker, with the claimed
-version's apply, completion and the next version's release, before the handler), the
-completions that release the next version, and setting a version aside. Each is one round
-trip; other databases go through the ORM (:mod:`django_inbox.ordering`)."""
+"""Ordered consumers' statements on a key's versions (the message rows, PostgreSQL): for a
+worker, the key's lock with the claimed version's apply, completion and the next version's
+release, before the handler; the completions that release the next version; setting a version
+aside. Each is one round trip; the key's own row is :mod:`.keys`, and other databases go
+through the ORM (:mod:`django_inbox.ordering`)."""
 
 from __future__ import annotations
 
@@ -10,85 +11,10 @@ from typing import Any, NamedTuple
 
 from django.db import connections
 
-from ...models import InboxKey
 from .. import preparing
 from .claiming import completion_sql
 from .common import Status, cached_sql, fence, status_aside, status_literal
-
-
-def _key_table(quote: Any) -> str:
-    return str(quote(InboxKey._meta.db_table))
-
-
-def lock_key(consumer: str, key: str, first: int, using: str, *, wait: bool) -> int | None:
-    """Lock ``key``'s row for this transaction and return its applied sequence; create it
-    (``first - 1`` applied) if it is new. ``None``: another transaction holds it (``wait``
-    false; with ``wait`` this waits for it instead)."""
-    lock = "FOR UPDATE" if wait else "FOR UPDATE SKIP LOCKED"
-    select = cached_sql(
-        using,
-        ("lock_key", wait),
-        lambda quote, _: (
-            f"SELECT {quote('applied_sequence')} FROM {_key_table(quote)} "
-            f"WHERE {quote('consumer')} = %s AND {quote('key')} = %s {lock}"
-        ),
-    )
-    with preparing.cursor(using) as cursor:
-        cursor.execute(select, [consumer, key])
-        found = cursor.fetchone()
-        if found is not None:
-            return int(found[0])
-        if not wait and _present(cursor, consumer, key, using):
-            return None  # held by someone
-        # New: the inserted row is ours and locked (with ``wait``, or the row's holder).
-        cursor.execute(_insert_key_sql(using), [consumer, key, first - 1])
-        found = cursor.fetchone()
-        if found is not None:
-            return int(found[0])
-        if not wait:
-            return None
-        cursor.execute(select, [consumer, key])  # it was committed meanwhile: wait for it
-        found = cursor.fetchone()
-    return None if found is None else int(found[0])
-
-
-def _lock_and_apply_sql(quote: Any) -> str:
-    """The CTEs ``locked`` (the key's row, unless another transaction holds it) and ``moved``
-    (its applied sequence set to the claimed version, if that is the next one). Parameters:
-    consumer, key, sequence, consumer, key, sequence."""
-    return (
-        f"WITH locked AS (SELECT {quote('applied_sequence')} FROM {_key_table(quote)} "
-        f"WHERE {quote('consumer')} = %s AND {quote('key')} = %s FOR UPDATE SKIP LOCKED), "
-        f"moved AS (UPDATE {_key_table(quote)} SET {quote('applied_sequence')} = %s, "
-        f"{quote('updated_at')} = now() WHERE {quote('consumer')} = %s "
-        f"AND {quote('key')} = %s "
-        f"AND (SELECT {quote('applied_sequence')} FROM locked) = %s::bigint - 1 RETURNING 1)"
-    )
-
-
-def lock_and_apply(
-    consumer: str, key: str, sequence: int | None, first: int, using: str
-) -> tuple[int | None, bool]:
-    """A worker's look at ``key`` for a claimed version: lock the key's row unless another
-    transaction holds it, and if ``sequence`` is the key's next one, record it applied right
-    away (the transaction commits it with the handler's writes, or rolls it back with them).
-    One statement. Returns the applied sequence before (``None``: held by someone else) and
-    whether it was moved to ``sequence``. A new key is created, applied up to ``sequence`` if
-    that is ``first``."""
-    sql = cached_sql(
-        using,
-        "lock_and_apply",
-        lambda quote, _: (
-            f"{_lock_and_apply_sql(quote)} SELECT (SELECT {quote('applied_sequence')} "
-            f"FROM locked), EXISTS (SELECT FROM moved)"
-        ),
-    )
-    with preparing.cursor(using) as cursor:
-        cursor.execute(sql, [consumer, key, sequence, consumer, key, sequence])
-        applied, moved = cursor.fetchone()
-    if applied is not None:
-        return int(applied), bool(moved)
-    return _new_key(consumer, key, sequence, first, using)
+from .keys import advance_sql, lock_and_apply_sql, new_key
 
 
 class Taken(NamedTuple):
@@ -125,7 +51,7 @@ def lock_apply_complete(
     def build(quote: Any, table: str) -> str:
         done = " AND EXISTS (SELECT FROM done)"
         return (
-            f"{_lock_and_apply_sql(quote)}, "
+            f"{lock_and_apply_sql(quote)}, "
             f"done AS ({completion_sql(quote, table, ' AND EXISTS (SELECT FROM moved)')} "
             f"RETURNING 1), "
             f"released AS ({_release_sql(quote, table, done)}) "
@@ -142,56 +68,10 @@ def lock_apply_complete(
         cursor.execute(sql, params)
         applied, moved, done, released = cursor.fetchone()
     if applied is None:
-        applied, moved = _new_key(consumer, key, sequence, first, using)
+        applied, moved = new_key(consumer, key, sequence, first, using)
         return Taken(applied, moved, None, [])
     ids = [str(message_id) for message_id in released or []]
     return Taken(int(applied), bool(moved), bool(done) if moved else None, ids)
-
-
-def _new_key(
-    consumer: str, key: str, sequence: int | None, first: int, using: str
-) -> tuple[int | None, bool]:
-    """The key had no row (or another transaction holds it): create it, locked, applied up
-    to ``sequence`` if that is ``first``. ``(None, False)``: another transaction holds it."""
-    with preparing.cursor(using) as cursor:
-        if _present(cursor, consumer, key, using):
-            return None, False
-        cursor.execute(
-            _insert_key_sql(using), [consumer, key, first if sequence == first else first - 1]
-        )
-        if cursor.fetchone() is None:
-            return None, False
-    return first - 1, sequence == first
-
-
-def _present(cursor: Any, consumer: str, key: str, using: str) -> bool:
-    """Whether ``key`` has a committed row, read without waiting for its lock: a row that
-    ``FOR UPDATE SKIP LOCKED`` skipped is held by another transaction, and an ``INSERT … ON
-    CONFLICT`` would wait for that transaction if it changed the row (a worker running a
-    version updates it), instead of moving on to other keys."""
-    sql = cached_sql(
-        using,
-        "key_present",
-        lambda quote, _: (
-            f"SELECT 1 FROM {_key_table(quote)} "
-            f"WHERE {quote('consumer')} = %s AND {quote('key')} = %s"
-        ),
-    )
-    cursor.execute(sql, [consumer, key])
-    return cursor.fetchone() is not None
-
-
-def _insert_key_sql(using: str) -> str:
-    return cached_sql(
-        using,
-        "insert_key",
-        lambda quote, _: (
-            f"INSERT INTO {_key_table(quote)} ({quote('consumer')}, {quote('key')}, "
-            f"{quote('applied_sequence')}, {quote('updated_at')}) VALUES (%s, %s, %s, now()) "
-            f"ON CONFLICT ({quote('consumer')}, {quote('key')}) DO NOTHING "
-            f"RETURNING {quote('applied_sequence')}"
-        ),
-    )
 
 
 def _release_sql(quote: Any, table: str, condition: str) -> str:
@@ -214,14 +94,6 @@ def _release_sql(quote: Any, table: str, condition: str) -> str:
     )
 
 
-def _advance_sql(quote: Any, condition: str) -> str:
-    return (
-        f"UPDATE {_key_table(quote)} SET {quote('applied_sequence')} = %s, "
-        f"{quote('updated_at')} = %s WHERE {quote('consumer')} = %s AND {quote('key')} = %s"
-        f"{condition}"
-    )
-
-
 def advance(consumer: str, key: str, sequence: int, now: datetime, using: str) -> list[str]:
     """``key`` has applied ``sequence``: record it and make the next version's waiting rows
     due, in one statement; return their message ids."""
@@ -229,7 +101,7 @@ def advance(consumer: str, key: str, sequence: int, now: datetime, using: str) -
         using,
         "advance",
         lambda quote, table: (
-            f"WITH advanced AS ({_advance_sql(quote, '')}) {_release_sql(quote, table, '')}"
+            f"WITH advanced AS ({advance_sql(quote)}) {_release_sql(quote, table, '')}"
         ),
     )
     stamp = connections[using].ops.adapt_datetimefield_value(now)
