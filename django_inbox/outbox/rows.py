@@ -19,6 +19,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from ..db import preparing
+from ..db.statements.common import fence
 from ..text import storable
 from .models import OutboxMessage
 from .settings import outbox_settings
@@ -133,7 +134,7 @@ def mark_sent(pks: list[int], lease_id: str, using: str, keys: Iterable[str] = (
     now = timezone.now()
     sent = (
         OutboxMessage.objects.using(using)
-        .filter(pk__in=pks, lease_id=lease_id)
+        .filter(pk__in=pks, lease_id=fence(lease_id))
         .update(
             status=Status.SENT,
             sent_at=now,
@@ -261,7 +262,7 @@ def fail(row: Claimed, lease_id: str, error: str, using: str, *, dead: bool = Fa
         reason = f"{reason} (giving up after {row.attempts} attempts)"[:MAX_ERROR]
     changed = (
         OutboxMessage.objects.using(using)
-        .filter(pk=row.pk, lease_id=lease_id)
+        .filter(pk=row.pk, lease_id=fence(lease_id))
         .update(
             status=Status.DEAD if dead else Status.PENDING,
             next_attempt_at=None if dead else now + timedelta(seconds=backoff(row.attempts)),
@@ -284,7 +285,7 @@ def give_back(pks: list[int], lease_id: str, using: str) -> int:
     now = timezone.now()
     return (
         OutboxMessage.objects.using(using)
-        .filter(pk__in=pks, lease_id=lease_id)
+        .filter(pk__in=pks, lease_id=fence(lease_id))
         .update(
             attempts=F("attempts") - 1,
             next_attempt_at=now,
