@@ -141,6 +141,14 @@ class InboxMessage(models.Model):
                 condition=Q(status="waiting"),
                 name="django_inbox_waiting_idx",
             ),
+            # Rows a worker holds, by lease: few (workers x batch size) whatever the table
+            # holds. inbox_reclaim looks for expired leases here, and a take-over for the rest
+            # of a dead worker's batch (takeover.whole_leases).
+            models.Index(
+                fields=["lease_id"],
+                condition=Q(status="in_progress"),
+                name="django_inbox_in_progress_idx",
+            ),
         ]
         permissions = [
             ("replay_inboxmessage", "Can replay dead or parked inbox messages"),
