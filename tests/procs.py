@@ -50,9 +50,11 @@ def deliver_rounds(barrier: Any, results: Any, rounds: int, prefix: str, consume
 
 
 def publish_transactions(queue: str, commits: int, rollback_every: int, pace: float) -> None:
-    """Commit ``commits`` business transactions that each publish one message (keys k0 … k4,
-    in turn), and roll back one more after every ``rollback_every``; print one line per
-    transaction: ``commit <message id> <key>`` or ``rollback <message id>``."""
+    """Commit business transactions that publish ``commits`` messages in all (keys k0 … k4, in
+    turn; every third transaction publishes two of its key, the second held behind the first
+    of its own transaction), and roll back one more after every ``rollback_every`` messages;
+    print one line per message: ``commit <message id> <key>`` (in the order published) or
+    ``rollback <message id>``."""
     import time
 
     from django.db import transaction
@@ -62,14 +64,22 @@ def publish_transactions(queue: str, commits: int, rollback_every: int, pace: fl
     class RolledBack(Exception):
         pass
 
-    written = 0
+    written = transactions = 0
     while written < commits:
-        key = f"k{written % 5}"
+        key = f"k{transactions % 5}"
+        count = min(2 if transactions % 3 == 0 else 1, commits - written)
         with transaction.atomic():
-            message_id = publish("effect.write", {"n": written}, routing_key=queue, key=key)
-        print(f"commit {message_id} {key}", flush=True)
-        written += 1
-        if written % rollback_every == 0:
+            ids = [
+                publish("effect.write", {"n": written + n}, routing_key=queue, key=key)
+                for n in range(count)
+            ]
+        for message_id in ids:
+            print(f"commit {message_id} {key}", flush=True)
+        transactions += 1
+        for _ in ids:
+            written += 1
+            if written % rollback_every:
+                continue
             try:
                 with transaction.atomic():
                     lost = publish("effect.write", {"rolled_back": written}, routing_key=queue)

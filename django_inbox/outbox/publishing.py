@@ -108,6 +108,12 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
     settled it while this transaction was still open, its release could not see this row: so
     once this transaction commits, a held row is released here too if nothing holds it back
     any more. (Had the caller's process died in between, a relay's sweep releases it.)
+
+    On PostgreSQL that release is left out when this transaction wrote the row that holds this
+    one (a handler publishing several events of one order): no relay can settle a row before
+    the transaction writing it commits, and the relay that settles it then sees this row. The
+    ``RETURNING`` clause says so from the holding row's ``xmin``; a row written in a savepoint
+    has its own transaction id and is released after the commit, as before.
     """
     from .models import OutboxMessage
 
@@ -130,16 +136,26 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
             if holds
             else "%s"
         )
+        returned = f"{quote('next_attempt_at')} IS NULL"
+        if connection.vendor == "postgresql":
+            # Held, and not by a row this transaction wrote (see above).
+            returned = (
+                f"CASE WHEN {returned} THEN NOT EXISTS (SELECT 1 FROM (SELECT e.{key}, e.xmin "
+                f"FROM {table} e WHERE e.{quote('status')} = 'pending' AND e.{key} <> '' "
+                f"AND e.{key} >= %s ORDER BY e.{key}, e.{quote('id')} LIMIT 1) head "
+                f"WHERE head.{key} = %s AND head.xmin = pg_current_xact_id()::xid) END"
+            )
         sql = _sql[(using, connection.vendor)] = (
             f"INSERT INTO {table} ({', '.join(quote(column) for column in _COLUMNS)}) "
             f"VALUES (%s, %s, {json}, {json}, %s, %s, %s, 'pending', 0, '', %s, %s, {due}, '', "
-            "%s, %s)" + (f" RETURNING {quote('next_attempt_at')} IS NULL" if returns else "")
+            "%s, %s)" + (f" RETURNING {returned}" if returns else "")
         )
     stamp = connection.ops.adapt_datetimefield_value(timezone.now())
     key = values[-1]
     due_params = [key, key, key, stamp] if holds else [stamp]
+    held_params = [key, key] if connection.vendor == "postgresql" else []
     with preparing.cursor(using) as cursor:
-        cursor.execute(sql, [*values, stamp, stamp, *due_params, *cause])
+        cursor.execute(sql, [*values, stamp, stamp, *due_params, *cause, *held_params])
         held = bool(cursor.fetchone()[0]) if returns else bool(key and holds)
     if held:
         _release_on_commit(key, using)

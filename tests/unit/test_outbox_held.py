@@ -178,6 +178,47 @@ def test_a_row_held_while_its_predecessor_was_settled_is_released_once_it_commit
     assert due_rows("other") == held[2:]
 
 
+def _releases() -> list[Any]:
+    """The releases the current transaction left for after its commit."""
+    from django_inbox.outbox.publishing import _Release
+
+    return [c for _, c, _ in connection.run_on_commit if isinstance(c, _Release)]
+
+
+def _sent_in_order(key: str, expected: list[str]) -> None:
+    """A relay's claims and marks send ``key``'s rows one at a time, in ``expected`` order."""
+    for message_id in expected:
+        lease, claimed = relay_rows.claim(10, "default")
+        assert [row.message_id for row in claimed] == [message_id]
+        relay_rows.mark_sent([claimed[0].pk], lease, "default", keys=[key])
+    assert relay_rows.claim(10, "default")[1] == []
+
+
+@pytest.mark.postgres
+def test_rows_held_behind_a_row_of_their_own_transaction_need_no_release_after_it() -> None:
+    """A transaction publishing several events of one key holds the later ones behind its own
+    first row, which no relay can settle before the commit: the publisher leaves no release
+    for after its commit (one statement less), and the relay releases each row in turn."""
+    with transaction.atomic():
+        ids = keyed("order-7", 3)
+        assert _releases() == []
+    assert due_rows("order-7") == ids[:1]
+    _sent_in_order("order-7", ids)
+
+
+@pytest.mark.postgres
+def test_rows_held_behind_a_row_written_in_a_savepoint_are_released_after_the_commit() -> None:
+    """A row written in a savepoint has a transaction id of its own: a row held behind it is
+    released by its publisher after the commit, as behind another transaction's row."""
+    with transaction.atomic():
+        with transaction.atomic():
+            first = keyed("order-8", 1)
+        later = keyed("order-8", 2)
+        assert [release.keys for release in _releases()] == [{"order-8"}]
+    assert due_rows("order-8") == first
+    _sent_in_order("order-8", first + later)
+
+
 def test_a_rolled_back_publish_releases_nothing() -> None:
     (first,) = keyed("k", 1)
     with pytest.raises(RuntimeError), transaction.atomic():
