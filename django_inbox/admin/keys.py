@@ -64,7 +64,8 @@ class KeyViewMixin(_Base):
         return [path("key/", view, name="django_inbox_inboxmessage_key"), *urls]
 
     def key_view(self, request: HttpRequest) -> HttpResponse:
-        """All messages of one key of an ordered consumer, in sequence order."""
+        """The versions of one key of an ordered consumer (its messages with a sequence), in
+        sequence order, and a link to the search for all its messages."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         refuse_unstorable_query(request)
@@ -78,5 +79,6 @@ class KeyViewMixin(_Base):
             "opts": self.model._meta,
             "view": key_versions(consumer, key, self.KEY_VIEW_LIMIT),
             "limit": self.KEY_VIEW_LIMIT,
+            "search": f"?{urlencode({'q': f'key:{key}'})}",
         }
         return TemplateResponse(request, "admin/django_inbox/inboxmessage/key_view.html", context)

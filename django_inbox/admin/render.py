@@ -206,8 +206,14 @@ def summary() -> dict[str, Any]:
 
 
 def key_versions(consumer: str, key: str, limit: int) -> dict[str, Any]:
-    """One key of an ordered consumer: its applied sequence and its messages in sequence
-    order (read through the sequence index), for the admin's key view."""
+    """One key of an ordered consumer: its applied sequence and its versions (the messages
+    with a sequence) in sequence order, for the admin's key view.
+
+    Read through the sequence index, whose rows are those with a sequence: the test
+    ``sequence IS NOT NULL`` lets PostgreSQL use it (without it, the view read the table). A
+    key's messages without a sequence are no versions and are not listed; the view links to
+    the changelist's ``key:`` search for them.
+    """
     from ..conf import inbox_settings
     from ..models import InboxKey
 
@@ -215,7 +221,7 @@ def key_versions(consumer: str, key: str, limit: int) -> dict[str, Any]:
     first = inbox_settings.policy(consumer).first_sequence
     applied = first - 1 if state is None else state.applied_sequence
     rows = list(
-        InboxMessage.objects.filter(consumer=consumer, key=key)
+        InboxMessage.objects.filter(consumer=consumer, key=key, sequence__isnull=False)
         .order_by("sequence", "pk")
         .only("pk", "message_id", "sequence", "status", "event_type", "received_at", "updated_at")[
             : limit + 1

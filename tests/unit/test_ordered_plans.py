@@ -98,3 +98,23 @@ def test_a_gap_sweep_reads_each_waiting_row_it_looks_at_by_primary_key(
     for sql in by_id:
         plan = explain(sql)
         assert indexes(plan) == {f"{TABLE}_pkey"}, (sql, json.dumps(plan, indent=1))
+
+
+def test_the_admins_key_view_reads_the_keys_versions_only() -> None:
+    """Through the sequence index, whatever else the table holds (the view's lookup once left
+    out ``sequence IS NOT NULL``, which that partial index needs, and read the table)."""
+    from django_inbox.admin.render import key_versions
+
+    _completed_versions()
+    _rows(
+        "SELECT 'orders', 'u-' || i, '', false, 'order.changed', '{}', '{}', 'completed', 1, "
+        "'', '[]', now(), now(), NULL, '', '', NULL FROM generate_series(1, 50000) i"
+    )
+    take_statistics(TABLE)
+    with CaptureQueriesContext(connection) as queries:
+        view = key_versions("orders", "key-7", 50)
+    assert [item["row"].sequence for item in view["rows"]] == list(range(7, 501, 50))
+    look = next(q["sql"] for q in queries if '"sequence"' in q["sql"] and "ORDER BY" in q["sql"])
+    plan = explain(look, analyze=True)
+    assert rows_read(plan) <= 20, json.dumps(plan, indent=1)
+    assert indexes(plan) == {"django_inbox_sequence_idx"}, json.dumps(plan, indent=1)
