@@ -10,7 +10,9 @@ from datetime import datetime
 from django.db.models import Count, QuerySet
 
 from ..conf import inbox_settings
+from ..db.aside import with_status
 from ..models import InboxMessage
+from .stats import known_consumers
 
 
 def command_actor(command: str) -> str:
@@ -38,18 +40,26 @@ def select(
 
     A list criterion left at ``None`` matches any value; an empty list matches no row (so
     replaying "the selected ids" when none were selected changes nothing, not everything).
+
+    Rows picked by id are found by their index whatever else is given: message ids are
+    looked up in every consumer by name (the unique index is ``(consumer, message_id)``),
+    and their status is tested aside (``with_status``) so that no status's partial index is
+    read whole instead.
     """
-    rows = InboxMessage.objects.using(inbox_settings.database).all()
+    rows: QuerySet[InboxMessage] = InboxMessage.objects.using(inbox_settings.database).all()
     if pks is not None:
         rows = rows.filter(pk__in=pks)
     if message_ids is not None:
         rows = rows.filter(message_id__in=message_ids)
+        if not consumer:
+            rows = rows.filter(consumer__in=known_consumers())
     if consumer:
         rows = rows.filter(consumer=consumer)
     if event_types is not None:
         rows = rows.filter(event_type__in=event_types)
     if statuses is not None:
-        rows = rows.filter(status__in=statuses)
+        by_id = pks is not None or message_ids is not None
+        rows = with_status(rows, *statuses) if by_id else rows.filter(status__in=statuses)
     if keys is not None:
         rows = rows.filter(key__in=keys)
     if since is not None:
@@ -70,7 +80,9 @@ def find(
     base = InboxMessage.objects.using(inbox_settings.database).for_consumer(consumer)
     rows = base.none()
     if message_ids:
-        rows = rows | base.filter(message_id__in=message_ids)
+        # By name in every consumer, so that the unique index (consumer, message_id) finds them.
+        named = base if consumer else base.filter(consumer__in=known_consumers())
+        rows = rows | named.filter(message_id__in=message_ids)
     if pks:
         rows = rows | base.filter(pk__in=pks)
     return list(rows.order_by("consumer", "pk"))

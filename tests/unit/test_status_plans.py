@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -18,12 +19,14 @@ from django_inbox.claims import claim_batch
 from django_inbox.db import statements
 from django_inbox.models import InboxMessage
 from django_inbox.services.purge import purge
-from tests.plans import explain, indexes, take_statistics
+from django_inbox.services.selection import count_by_status, find, select
+from tests.plans import explain, indexes, rows_read, take_statistics
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 TABLE = InboxMessage._meta.db_table
 PKEY = f"{TABLE}_pkey"
+UNIQUE = "django_inbox_unique_consumer_message"
 
 
 def _backlog(status: str, *, due: str = "now() - interval '1 minute'") -> None:
@@ -117,3 +120,40 @@ def test_a_take_over_claims_the_abandoned_row_by_primary_key() -> None:
     chosen = f'"{TABLE}"."id" IN ('
     claim = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE") and chosen in q["sql"])
     _plan_reads(claim, {PKEY})
+
+
+def _reads_by_id(sql: str, expected: set[str]) -> None:
+    plan = explain(sql, analyze=True)
+    assert rows_read(plan) <= 10, (sql, json.dumps(plan, indent=1))
+    assert indexes(plan) <= expected, (sql, json.dumps(plan, indent=1))
+
+
+def test_inbox_show_finds_message_ids_by_the_unique_index() -> None:
+    """No consumer given: the message id is looked up in every consumer by name (the unique
+    index starts with the consumer), not by reading the table for it."""
+    _completed()
+    take_statistics(TABLE)
+    _backlog("dead", due="NULL")
+    with CaptureQueriesContext(connection) as queries:
+        [found] = find(message_ids=["c-3"])
+    assert found.consumer == "effects" and found.status == "completed"
+    look = next(q["sql"] for q in queries if '"message_id" IN' in q["sql"])
+    _reads_by_id(look, {UNIQUE})
+
+
+@pytest.mark.parametrize("by", ["message_ids", "pks"])
+def test_a_replay_of_rows_picked_by_id_reads_them_by_id(by: str) -> None:
+    """``inbox_replay --message-id`` / ``--id`` (and the admin's selection): the status test
+    does not send the planner to the 50,000 dead rows' partial index."""
+    _completed()
+    take_statistics(TABLE)
+    _backlog("dead", due="NULL")
+    picked = list(InboxMessage.objects.filter(status="dead").order_by("pk")[:3])
+    ids: dict[str, Any] = {
+        "message_ids": [row.message_id for row in picked],
+        "pks": [row.pk for row in picked],
+    }
+    with CaptureQueriesContext(connection) as queries:
+        rows = select(**{by: ids[by]}, statuses=["dead", "parked"])
+        assert count_by_status(rows) == {"dead": 3}
+    _reads_by_id(queries[-1]["sql"], {UNIQUE, PKEY})
