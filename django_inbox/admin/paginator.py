@@ -30,7 +30,7 @@ class CappedCountPaginator(Paginator):  # type: ignore[type-arg]
         queryset: Any = self.object_list
         query = getattr(queryset, "query", None)
         if query is not None and not query.where:
-            estimate = estimated_rows(queryset.db)
+            estimate = estimated_rows(queryset.db, queryset.model._meta.db_table)
             if estimate > COUNT_CAP:
                 self.is_estimate = True
                 return estimate

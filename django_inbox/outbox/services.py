@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections
 from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 
 from ..conf import inbox_settings
+from ..db import statements
 from ..db.aside import with_status
 from .models import OutboxMessage
 from .settings import outbox_settings
@@ -99,17 +99,9 @@ def problems(stats: OutboxStats, max_pending_age: float) -> list[tuple[str, floa
 
 
 def _estimated_rows(using: str) -> int:
-    """PostgreSQL's planner estimate of the outbox table's rows; ``0`` elsewhere."""
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        return 0
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-            [OutboxMessage._meta.db_table],
-        )
-        found = cursor.fetchone()
-    return max(int(found[0]), 0) if found else 0
+    """PostgreSQL's planner estimate of the outbox table's rows, scaled to its current size
+    as the inbox's is (``reltuples`` alone stays at the last ``ANALYZE``); ``0`` elsewhere."""
+    return statements.estimated_rows(using, OutboxMessage._meta.db_table)
 
 
 def purge(*, older_than: float | None = None, batch_size: int = 1000) -> int:

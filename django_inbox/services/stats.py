@@ -243,10 +243,10 @@ def _outbox(now: datetime) -> Any:
     return collect_outbox(now)
 
 
-def estimated_rows(using: str) -> int:
-    """PostgreSQL's estimate of the table's rows (see
+def estimated_rows(using: str, table: str | None = None) -> int:
+    """PostgreSQL's estimate of the rows of ``table``, the inbox's by default (see
     :func:`~django_inbox.db.statements.estimated_rows`); ``0`` elsewhere."""
-    return statements.estimated_rows(using)
+    return statements.estimated_rows(using, table)
 
 
 def known_consumers() -> list[str]:

@@ -51,6 +51,36 @@ def test_stats_count_the_outbox_and_report_dead_rows_and_lag() -> None:
     }
 
 
+@pytest.mark.postgres
+def test_stats_estimate_sent_rows_of_a_large_table_from_its_current_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The planner's estimate follows the table's growth since its last ``ANALYZE``;
+    ``reltuples`` alone stays where that left it (here under the threshold, so the rows were
+    counted, a scan of them all on a large table)."""
+    from django.db import connection
+
+    from django_inbox.outbox import services as outbox_services
+    from tests.plans import take_statistics
+
+    def sent(first: int, last: int) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {OutboxMessage._meta.db_table} (message_id, event_type, payload, "
+                "headers, exchange, routing_key, key, status, attempts, last_error, created_at, "
+                "updated_at, lease_id, causation_consumer, causation_message_id, sent_at) "
+                "SELECT 's-' || i, 'e', '{}', '{}', '', 'q', '', 'sent', 1, '', now(), now(), "
+                f"'', '', '', now() FROM generate_series({first}, {last}) i"
+            )
+
+    monkeypatch.setattr(outbox_services, "ESTIMATE_ABOVE", 5000)
+    sent(1, 2000)
+    take_statistics(OutboxMessage._meta.db_table)
+    sent(2001, 22000)
+    stats = collect().outbox
+    assert stats.sent_estimated and 15000 < stats.sent < 30000, stats
+
+
 def test_inbox_stats_prints_the_outbox(capsys: Any) -> None:
     rows(2)
     with pytest.raises(CommandError):  # a pending row older than the limit is a problem
@@ -170,3 +200,38 @@ def test_the_outbox_settings_are_checked() -> None:
     with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=0, INBOX_OUTBOX_BACKOFF_BASE="soon"):
         assert e018() == 2
     assert e018() == 0
+
+
+def test_the_admins_search_filter_and_count_read_no_more_than_they_show() -> None:
+    """Exact searches (Django's ``=field`` is ``UPPER(…) = UPPER(…)``, which no index
+    answers), an event type filter over the newest rows (Django's reads every row for its
+    ``DISTINCT``), and a capped count."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    (placed,) = rows(1)
+    publish("order.paid", {}, routing_key="orders", key="order-3")
+    deliver(consumer="effects", message_id="cause-1", event_type="effect.write", payload={})
+    OutboxMessage.objects.filter(key="order-3").update(causation_message_id="cause-1")
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+
+    def listed(query: str) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            page = client.get(f"{CHANGELIST}?{query}")
+        assert page.status_code == 200
+        sent = " ".join(q["sql"] for q in queries)
+        assert "UPPER(" not in sent and "DISTINCT" not in sent, sent
+        found = OutboxMessage.objects.filter(
+            pk__in=[row.pk for row in page.context["cl"].result_list]
+        )
+        return sorted(found.values_list("event_type", flat=True))
+
+    assert listed(f"q={placed}") == ["order.placed"]
+    assert listed(f"q={placed.upper()}") == []  # exact: a message id is case-sensitive
+    assert listed("q=key:order-3") == ["order.paid"]
+    assert listed("q=cause:cause-1") == ["order.paid"]
+    assert listed("event_type=order.paid") == ["order.paid"]
+    page = client.get(CHANGELIST)
+    assert ">order.placed</a>" in page.content.decode()  # offered: among the newest rows
+    assert "2 outbox messages" in page.content.decode()

@@ -75,8 +75,9 @@ def delete_selected(select_sql: str, params: list[Any], status: str, using: str)
         return [int(found[0]) for found in cursor.fetchall()]
 
 
-def estimated_rows(using: str) -> int:
-    """PostgreSQL's estimate of the table's rows (no scan); ``0`` elsewhere or if unknown.
+def estimated_rows(using: str, table: str | None = None) -> int:
+    """PostgreSQL's estimate of the rows of ``table`` (the inbox's if ``None``), with no scan;
+    ``0`` elsewhere or if unknown.
 
     The planner's own estimate (``EXPLAIN SELECT … FROM table``): ``reltuples`` of the last
     ``ANALYZE``/``VACUUM`` scaled to the table's current size, so it follows a table that grew
@@ -86,7 +87,8 @@ def estimated_rows(using: str) -> int:
     if connection.vendor != "postgresql":
         return 0
     with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {table_of(using)}")
+        name = table_of(using) if table is None else connection.ops.quote_name(table)
+        cursor.execute(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {name}")
         found = cursor.fetchone()
     if not found:
         return 0
