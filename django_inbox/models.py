@@ -141,6 +141,14 @@ class InboxMessage(models.Model):
                 condition=Q(status="waiting"),
                 name="django_inbox_waiting_idx",
             ),
+            # Dead and parked rows in primary-key order: the batches of inbox_replay and of
+            # inbox_purge's dead rows (status IN (…) AND id > last ORDER BY id LIMIT n) read
+            # their own rows only, where attention_idx would be read whole and sorted for each.
+            models.Index(
+                fields=["id"],
+                condition=Q(status__in=ATTENTION_STATUSES),
+                name="django_inbox_attention_id_idx",
+            ),
             # Rows a worker holds, by lease: few (workers x batch size) whatever the table
             # holds. inbox_reclaim looks for expired leases here, and a take-over for the rest
             # of a dead worker's batch (takeover.whole_leases).

@@ -157,3 +157,70 @@ def test_a_replay_of_rows_picked_by_id_reads_them_by_id(by: str) -> None:
         rows = select(**{by: ids[by]}, statuses=["dead", "parked"])
         assert count_by_status(rows) == {"dead": 3}
     _reads_by_id(queries[-1]["sql"], {UNIQUE, PKEY})
+
+
+def _history_then_dead(statistics: str) -> None:
+    """100,000 completed rows, then 20,000 dead ones at the table's end (an outage's dead
+    letters); statistics taken ``before`` the dead rows came (autovacuum lags) or ``after``."""
+    _history()
+    if statistics == "before":
+        take_statistics(TABLE)
+    _dead("d")
+    if statistics == "after":
+        take_statistics(TABLE)
+
+
+def _history() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} (consumer, message_id, source, rerun, event_type, payload, "
+            "headers, status, attempts, last_error, history, received_at, updated_at, "
+            "next_attempt_at, lease_id, key) SELECT 'effects', 'h-' || i, '', false, "
+            "'effect.write', '{}', '{}', 'completed', 1, '', '[]', now(), now(), NULL, '', '' "
+            "FROM generate_series(1, 100000) i"
+        )
+
+
+def _dead(prefix: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} (consumer, message_id, source, rerun, event_type, payload, "
+            "headers, status, attempts, last_error, history, received_at, updated_at, "
+            f"next_attempt_at, lease_id, key) SELECT 'effects', '{prefix}-' || i, '', false, "
+            "'effect.write', '{}', '{}', 'dead', 3, 'down', '[]', now(), "
+            "now() - interval '60 days', NULL, '', '' FROM generate_series(1, 20000) i"
+        )
+
+
+def _batch_reads_its_rows(sql: str, batch: int) -> None:
+    plan = explain(sql, analyze=True)
+    assert rows_read(plan) <= batch + 10, (sql, json.dumps(plan, indent=1))
+
+
+@pytest.mark.parametrize("statistics", ["before", "after"])
+def test_a_replay_of_every_dead_row_reads_each_batch_only(statistics: str) -> None:
+    """``inbox_replay --status dead`` after an outage: each batch (``status IN (…) AND id >
+    last ORDER BY id LIMIT n``) reads its own rows through the dead and parked rows' id index,
+    not the history before them nor every dead row sorted."""
+    from django_inbox.services import operator
+
+    _history_then_dead(statistics)
+    with CaptureQueriesContext(connection) as queries:
+        result = operator.replay(
+            select(statuses=["dead", "parked"]), actor="test", dry_run=True, batch_size=500
+        )
+    assert sum(result.changed.values()) == 20000
+    batches = [q["sql"] for q in queries if "LIMIT 500" in q["sql"]]
+    _batch_reads_its_rows(batches[0], 500)
+    _batch_reads_its_rows(batches[-2], 500)
+
+
+@pytest.mark.parametrize("statistics", ["before", "after"])
+def test_the_purge_of_dead_rows_reads_each_batch_only(statistics: str) -> None:
+    _history_then_dead(statistics)
+    with CaptureQueriesContext(connection) as queries:
+        result = purge(statuses=("dead",), older_than=30 * 86400, batch_size=1000)
+    assert result.deleted == {"dead": 20000}
+    deletes = [q["sql"] for q in queries if q["sql"].startswith("DELETE")]
+    _dead("again")  # dead rows again, for the plans of the statements captured
+    _batch_reads_its_rows(deletes[0], 2 * 1000)  # the selection, then the rows by primary key
