@@ -224,3 +224,22 @@ def test_the_purge_of_dead_rows_reads_each_batch_only(statistics: str) -> None:
     deletes = [q["sql"] for q in queries if q["sql"].startswith("DELETE")]
     _dead("again")  # dead rows again, for the plans of the statements captured
     _batch_reads_its_rows(deletes[0], 2 * 1000)  # the selection, then the rows by primary key
+
+
+def test_the_admins_event_type_filter_reads_the_newest_dead_rows_only() -> None:
+    """Its choices: the handlers' event types and those of the newest dead and parked rows,
+    read backwards from the attention rows' id index (a ``DISTINCT`` over all of them read
+    every one, on every page of the changelist)."""
+    from django.test import RequestFactory
+
+    from django_inbox.admin.filters import RECENT_ATTENTION, EventTypeFilter
+
+    _history_then_dead("after")
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {TABLE} SET event_type = 'order.lost' WHERE message_id = 'd-20000'")
+    request = RequestFactory().get("/")
+    with CaptureQueriesContext(connection) as queries:
+        choices = EventTypeFilter(request, {}, InboxMessage, None).lookups(request, None)
+    assert ("order.lost", "order.lost") in choices and ("effect.write", "effect.write") in choices
+    look = next(q["sql"] for q in queries if "event_type" in q["sql"])
+    _batch_reads_its_rows(look, RECENT_ATTENTION)
