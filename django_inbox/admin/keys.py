@@ -79,6 +79,6 @@ class KeyViewMixin(_Base):
             "opts": self.model._meta,
             "view": key_versions(consumer, key, self.KEY_VIEW_LIMIT),
             "limit": self.KEY_VIEW_LIMIT,
-            "search": f"?{urlencode({'q': f'key:{key}'})}",
+            "search": f"?{urlencode({'consumer': consumer, 'q': f'key:{key}'})}",
         }
         return TemplateResponse(request, "admin/django_inbox/inboxmessage/key_view.html", context)

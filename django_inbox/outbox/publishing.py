@@ -112,8 +112,10 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
     On PostgreSQL that release is left out when this transaction wrote the row that holds this
     one (a handler publishing several events of one order): no relay can settle a row before
     the transaction writing it commits, and the relay that settles it then sees this row. The
-    ``RETURNING`` clause says so from the holding row's ``xmin``; a row written in a savepoint
-    has its own transaction id and is released after the commit, as before.
+    ``RETURNING`` clause says so when the holding row's ``xmin`` is the new row's (the same
+    transaction id; any PostgreSQL version). Rows written in a savepoint have a transaction id
+    of their own: a row held behind one, or written in one behind the transaction's earlier
+    row, is released after the commit, as before.
     """
     from .models import OutboxMessage
 
@@ -143,7 +145,7 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
                 f"CASE WHEN {returned} THEN NOT EXISTS (SELECT 1 FROM (SELECT e.{key}, e.xmin "
                 f"FROM {table} e WHERE e.{quote('status')} = 'pending' AND e.{key} <> '' "
                 f"AND e.{key} >= %s ORDER BY e.{key}, e.{quote('id')} LIMIT 1) head "
-                f"WHERE head.{key} = %s AND head.xmin = pg_current_xact_id()::xid) END"
+                f"WHERE head.{key} = %s AND head.xmin = {table}.xmin) END"
             )
         sql = _sql[(using, connection.vendor)] = (
             f"INSERT INTO {table} ({', '.join(quote(column) for column in _COLUMNS)}) "

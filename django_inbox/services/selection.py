@@ -7,6 +7,7 @@ import getpass
 import socket
 from datetime import datetime
 
+from django.db import connections
 from django.db.models import Count, QuerySet
 
 from ..conf import inbox_settings
@@ -42,17 +43,18 @@ def select(
     replaying "the selected ids" when none were selected changes nothing, not everything).
 
     Rows picked by id are found by their index whatever else is given: message ids are
-    looked up in every consumer by name (the unique index is ``(consumer, message_id)``),
-    and their status is tested aside (``with_status``) so that no status's partial index is
-    read whole instead.
+    looked up at once, in every consumer by name (the unique index is ``(consumer,
+    message_id)``), and the selection continues with their primary keys (the batches of an
+    action walk them in order, ``id > last``: by message id they walked the table); their
+    status is tested aside (``with_status``) so that no status's partial index is read whole.
     """
-    rows: QuerySet[InboxMessage] = InboxMessage.objects.using(inbox_settings.database).all()
+    using = inbox_settings.database
+    rows: QuerySet[InboxMessage] = InboxMessage.objects.using(using).all()
     if pks is not None:
         rows = rows.filter(pk__in=pks)
     if message_ids is not None:
-        rows = rows.filter(message_id__in=message_ids)
-        if not consumer:
-            rows = rows.filter(consumer__in=known_consumers())
+        named = _by_message_id(InboxMessage.objects.using(using), message_ids, consumer)
+        rows = rows.filter(pk__in=list(named.values_list("pk", flat=True)))
     if consumer:
         rows = rows.filter(consumer=consumer)
     if event_types is not None:
@@ -80,12 +82,24 @@ def find(
     base = InboxMessage.objects.using(inbox_settings.database).for_consumer(consumer)
     rows = base.none()
     if message_ids:
-        # By name in every consumer, so that the unique index (consumer, message_id) finds them.
-        named = base if consumer else base.filter(consumer__in=known_consumers())
-        rows = rows | named.filter(message_id__in=message_ids)
+        rows = rows | _by_message_id(base, message_ids, consumer)
     if pks:
         rows = rows | base.filter(pk__in=pks)
     return list(rows.order_by("consumer", "pk"))
+
+
+def _by_message_id(
+    rows: QuerySet[InboxMessage], message_ids: list[str], consumer: str | None
+) -> QuerySet[InboxMessage]:
+    """``rows`` with one of ``message_ids``. On PostgreSQL, without a consumer, in every
+    consumer by name, so that the unique index ``(consumer, message_id)`` finds them (the
+    consumers come from a loose index scan; elsewhere listing them would read the table)."""
+    rows = rows.filter(message_id__in=message_ids)
+    if consumer:
+        return rows.filter(consumer=consumer)
+    if connections[rows.db].vendor != "postgresql":
+        return rows
+    return rows.filter(consumer__in=known_consumers())
 
 
 def count_by_status(rows: QuerySet[InboxMessage]) -> dict[str, int]:

@@ -286,7 +286,8 @@ def test_the_admin_shows_the_keys_applied_sequence_and_its_versions() -> None:
     assert "sequence <strong>1</strong> applied" in text
     assert text.index(">K-1<") < text.index(">K-3<")
     assert "inbox-status-waiting" in text and "inbox-status-completed" in text
-    assert "?q=key%3AK" in text  # the search for the key's messages, with or without a sequence
+    # The search for the key's messages in this consumer, with or without a sequence.
+    assert f"?consumer={CONSUMER}&amp;q=key%3AK" in text
     assert client.get(reverse("admin:django_inbox_inboxmessage_key")).status_code == 400
     listed = client.get(
         reverse("admin:django_inbox_inboxmessage_changelist"), {"status__exact": "waiting"}

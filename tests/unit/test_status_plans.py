@@ -143,8 +143,11 @@ def test_inbox_show_finds_message_ids_by_the_unique_index() -> None:
 
 @pytest.mark.parametrize("by", ["message_ids", "pks"])
 def test_a_replay_of_rows_picked_by_id_reads_them_by_id(by: str) -> None:
-    """``inbox_replay --message-id`` / ``--id`` (and the admin's selection): the status test
-    does not send the planner to the 50,000 dead rows' partial index."""
+    """``inbox_replay --message-id`` / ``--id`` (and the admin's selection): the confirmation's
+    count and every batch read the picked rows by index, the last (empty) batch too, and the
+    status test does not send the planner to the 50,000 dead rows' partial index."""
+    from django_inbox.services import operator
+
     _completed()
     take_statistics(TABLE)
     _backlog("dead", due="NULL")
@@ -156,7 +159,12 @@ def test_a_replay_of_rows_picked_by_id_reads_them_by_id(by: str) -> None:
     with CaptureQueriesContext(connection) as queries:
         rows = select(**{by: ids[by]}, statuses=["dead", "parked"])
         assert count_by_status(rows) == {"dead": 3}
-    _reads_by_id(queries[-1]["sql"], {UNIQUE, PKEY})
+        assert sum(operator.replay(rows, actor="test").changed.values()) == 3
+    looks = [q["sql"] for q in queries if q["sql"].startswith("SELECT")]
+    assert len(looks) >= 4, looks  # the lookup or count, the refusals, two batches
+    for look in looks:
+        plan = explain(look, analyze=True)
+        assert rows_read(plan) <= 10, (look, json.dumps(plan, indent=1))
 
 
 def _history_then_dead(statistics: str) -> None:

@@ -5,8 +5,8 @@ read the ``in_progress`` rows' own index, whatever the table holds besides.
 Before that index, both read every row of the table: with a million received rows, about
 0.2 s per look on the test machine, once per ``inbox_reclaim`` run even with nothing to
 reclaim, and again per batch it decides; a take-over ran the lease look inside the claim's
-transaction. With statistics taken after the backlog, both tests fail without the index; with
-statistics from before it (they saw a history of completed rows only), they guard the plan.
+transaction. Both tests fail without the index, with statistics taken after the backlog or
+before it (when they saw a history of completed rows only).
 """
 
 from __future__ import annotations
