@@ -150,8 +150,13 @@ def _raw_floor() -> Any:
         "'{}'::jsonb, '', %s, %s, 'pending', 0, '', now(), now(), CASE WHEN NOT EXISTS "
         '(SELECT 1 FROM (SELECT e."key" FROM "django_inbox_outbox_outboxmessage" e WHERE '
         """e."status" = 'pending' AND e."key" <> '' AND e."key" >= %s ORDER BY e."key", e."id" """
-        "LIMIT 1) next WHERE next.\"key\" = %s) THEN now() END, '', '', '')"
-    )  # as publish() writes it: held behind an earlier pending row of its key
+        "LIMIT 1) next WHERE next.\"key\" = %s) THEN now() END, '', '', '') RETURNING CASE "
+        'WHEN "next_attempt_at" IS NULL THEN NOT EXISTS (SELECT 1 FROM (SELECT e."key", e.xmin '
+        """FROM "django_inbox_outbox_outboxmessage" e WHERE e."status" = 'pending' AND e."key" """
+        """<> '' AND e."key" >= %s ORDER BY e."key", e."id" LIMIT 1) head WHERE head."key" = %s """
+        'AND head.xmin = "django_inbox_outbox_outboxmessage".xmin) END'
+    )  # as publish() writes it: held behind an earlier pending row of its key, and whether
+    # the row holding it is of another transaction
 
     def run(start: int, count: int, with_insert: bool) -> None:
         for i in range(start, start + count):
@@ -168,8 +173,11 @@ def _raw_floor() -> Any:
                         body["sku"],
                         body["sku"],
                         body["sku"],
+                        body["sku"],
+                        body["sku"],
                     ],
                 )
+                cursor.fetchone()
             connection.commit()
 
     return run

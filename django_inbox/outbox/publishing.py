@@ -129,23 +129,24 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
         quote = connection.ops.quote_name
         table = quote(OutboxMessage._meta.db_table)
         json = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
-        # The first entry of the key index from the key on (``rows.first_of_key`` says why).
+        # The first entry of the key index from the key on (``rows.first_of_key`` says why):
+        # the key's oldest pending row, if it is this key's (``head.key = %s``).
         key = quote("key")
+        xmin = ", e.xmin" if connection.vendor == "postgresql" else ""
+        head = (
+            f"(SELECT e.{key}{xmin} FROM {table} e WHERE e.{quote('status')} = 'pending' "
+            f"AND e.{key} <> '' AND e.{key} >= %s ORDER BY e.{key}, e.{quote('id')} LIMIT 1) "
+            f"head WHERE head.{key} = %s"
+        )
         due = (
-            f"CASE WHEN %s = '' OR NOT EXISTS (SELECT 1 FROM (SELECT e.{key} FROM {table} e "
-            f"WHERE e.{quote('status')} = 'pending' AND e.{key} <> '' AND e.{key} >= %s "
-            f"ORDER BY e.{key}, e.{quote('id')} LIMIT 1) next WHERE next.{key} = %s) THEN %s END"
-            if holds
-            else "%s"
+            f"CASE WHEN %s = '' OR NOT EXISTS (SELECT 1 FROM {head}) THEN %s END" if holds else "%s"
         )
         returned = f"{quote('next_attempt_at')} IS NULL"
         if connection.vendor == "postgresql":
             # Held, and not by a row this transaction wrote (see above).
             returned = (
-                f"CASE WHEN {returned} THEN NOT EXISTS (SELECT 1 FROM (SELECT e.{key}, e.xmin "
-                f"FROM {table} e WHERE e.{quote('status')} = 'pending' AND e.{key} <> '' "
-                f"AND e.{key} >= %s ORDER BY e.{key}, e.{quote('id')} LIMIT 1) head "
-                f"WHERE head.{key} = %s AND head.xmin = {table}.xmin) END"
+                f"CASE WHEN {returned} THEN NOT EXISTS (SELECT 1 FROM {head} "
+                f"AND head.xmin = {table}.xmin) END"
             )
         sql = _sql[(using, connection.vendor)] = (
             f"INSERT INTO {table} ({', '.join(quote(column) for column in _COLUMNS)}) "
