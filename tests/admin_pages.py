@@ -32,6 +32,8 @@ EVENT_TYPES = (
 #: Indexes of the inbox table that a page's rows may come through.
 INBOX_INDEXES = (
     "django_inbox_attention_idx",
+    "django_inbox_attention_id_idx",
+    "django_inbox_in_progress_idx",
     "django_inbox_polled_idx",
     "django_inbox_unique_consumer_message",
     f"{TABLE}_pkey",
@@ -173,7 +175,8 @@ def pages(found: Targets) -> list[Page]:
     def url(**params: Any) -> str:
         return f"{changelist}?{urlencode(params)}" if params else changelist
 
-    attention = ("django_inbox_attention_idx",)
+    # Either index of the dead and parked rows: by (consumer, updated_at), or by id.
+    attention = ("django_inbox_attention_idx", "django_inbox_attention_id_idx")
     return [
         Page("list", "changelist, no filter", url()),
         Page("dead", "status = dead", url(status__exact="dead"), needs_index=attention),
