@@ -17,31 +17,43 @@ from ..registry import registry
 from ..services import known_consumers
 
 
-class _ExactFilter(admin.SimpleListFilter):
-    """Rows whose field ``parameter_name`` equals the chosen value (an index probe)."""
+class ExactFilter(admin.SimpleListFilter):
+    """Rows whose field ``parameter_name`` equals the chosen value (an index probe). Its
+    choices are the subclass's :meth:`offered`, and the chosen value if they lack it (a value
+    given in the URL, beyond the rows the choices were read from)."""
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = set(self.offered(request, model_admin))
+        value = self.value()
+        if value:
+            names.add(value)
+        return [(name, name) for name in sorted(names)]
+
+    def offered(self, request: HttpRequest, model_admin: Any) -> Any:
+        raise NotImplementedError
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         return queryset.filter(**{str(self.parameter_name): value}) if value else queryset
 
 
-class ConsumerFilter(_ExactFilter):
+class ConsumerFilter(ExactFilter):
     title = _("consumer")
     parameter_name = "consumer"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in known_consumers()]
+    def offered(self, request: HttpRequest, model_admin: Any) -> list[str]:
+        return known_consumers()
 
 
 #: The event type filter offers the types of this many of the newest dead and parked rows.
 RECENT_ATTENTION = 1000
 
 
-class EventTypeFilter(_ExactFilter):
+class EventTypeFilter(ExactFilter):
     title = _("event type")
     parameter_name = "event_type"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def offered(self, request: HttpRequest, model_admin: Any) -> set[str]:
         consumer = request.GET.get(ConsumerFilter.parameter_name)
         names: set[str] = set()
         for name in registry.consumers() if not consumer else [consumer]:
@@ -56,10 +68,7 @@ class EventTypeFilter(_ExactFilter):
             attention = attention.filter(consumer=consumer)
         newest = attention.order_by("-pk").values_list("event_type", flat=True)
         names.update(newest[:RECENT_ATTENTION])
-        value = self.value()
-        if value:
-            names.add(value)
-        return [(name, name) for name in sorted(names)]
+        return names
 
 
 class ReceivedFilter(admin.SimpleListFilter):

@@ -16,9 +16,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
 from ..models import ATTENTION_STATUSES, InboxMessage
-from ..services import (
-    known_consumers,
-)
+from ..services import by_message_id
 from .actions import ACTIONS, ActionsMixin
 from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter
 from .guards import payload_lookup_allowed, refuse_unstorable_query
@@ -150,8 +148,8 @@ class InboxMessageAdmin(ActionsMixin, KeyViewMixin, _ModelAdmin):
             # Beyond a bigint no row can match (and Django < 5.0 would send it and fail).
             valid = number.isascii() and number.isdigit() and int(number) < 2**63
             return (queryset.filter(pk=int(number)) if valid else queryset.none()), False
-        # consumer = ANY(…) AND message_id = … is one probe of the unique index per consumer.
-        return queryset.filter(consumer__in=known_consumers(), message_id=term), False
+        # One probe of the unique index per consumer (on PostgreSQL), as inbox_show finds it.
+        return by_message_id(queryset, [term], None), False
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

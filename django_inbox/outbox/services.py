@@ -71,7 +71,8 @@ def collect(now: datetime | None = None) -> OutboxStats:
     stats = OutboxStats(pending=pending["n"], dead=rows.filter(status=Status.DEAD).count())
     if pending["oldest"] is not None:
         stats.oldest_pending_age = max((now - pending["oldest"]).total_seconds(), 0.0)
-    estimate = _estimated_rows(using)
+    # The planner's estimate, scaled to the table's size (reltuples stays at the last ANALYZE).
+    estimate = statements.estimated_rows(using, OutboxMessage._meta.db_table)
     if estimate > ESTIMATE_ABOVE:
         stats.sent, stats.sent_estimated = max(estimate - stats.pending - stats.dead, 0), True
     else:
@@ -96,12 +97,6 @@ def problems(stats: OutboxStats, max_pending_age: float) -> list[tuple[str, floa
         )
         found.append(("outbox_lag", lag, said))
     return found
-
-
-def _estimated_rows(using: str) -> int:
-    """PostgreSQL's planner estimate of the outbox table's rows, scaled to its current size
-    as the inbox's is (``reltuples`` alone stays at the last ``ANALYZE``); ``0`` elsewhere."""
-    return statements.estimated_rows(using, OutboxMessage._meta.db_table)
 
 
 def purge(*, older_than: float | None = None, batch_size: int = 1000) -> int:

@@ -33,7 +33,7 @@ from .process import (
 from .purge import PURGEABLE, PurgeProgress, PurgeResult, expired, purge
 from .reclaim import ReclaimResult, reclaim, reclaimable
 from .rerun_progress import rerun_blocked, rerun_failed, rerun_left
-from .selection import command_actor, count_by_status, find, select
+from .selection import by_message_id, command_actor, count_by_status, find, select
 from .skipping import skip
 from .stats import (
     PROBLEM_KINDS,
@@ -67,6 +67,7 @@ __all__ = [
     "ReclaimResult",
     "Worker",
     "WorkerStats",
+    "by_message_id",
     "collect",
     "command_actor",
     "count_by_status",

@@ -53,7 +53,7 @@ def select(
     if pks is not None:
         rows = rows.filter(pk__in=pks)
     if message_ids is not None:
-        named = _by_message_id(InboxMessage.objects.using(using), message_ids, consumer)
+        named = by_message_id(InboxMessage.objects.using(using), message_ids, consumer)
         rows = rows.filter(pk__in=list(named.values_list("pk", flat=True)))
     if consumer:
         rows = rows.filter(consumer=consumer)
@@ -82,13 +82,13 @@ def find(
     base = InboxMessage.objects.using(inbox_settings.database).for_consumer(consumer)
     rows = base.none()
     if message_ids:
-        rows = rows | _by_message_id(base, message_ids, consumer)
+        rows = rows | by_message_id(base, message_ids, consumer)
     if pks:
         rows = rows | base.filter(pk__in=pks)
     return list(rows.order_by("consumer", "pk"))
 
 
-def _by_message_id(
+def by_message_id(
     rows: QuerySet[InboxMessage], message_ids: list[str], consumer: str | None
 ) -> QuerySet[InboxMessage]:
     """``rows`` with one of ``message_ids``. On PostgreSQL, without a consumer, in every
