@@ -92,7 +92,7 @@ def _claim(
     if message_id is None:
         due = rows.due(now).filter(consumer=consumer)
     else:  # found by its id, whatever the statistics say (db/aside.py)
-        one = rows.filter(consumer=consumer, message_id=message_id, next_attempt_at__lte=now)
+        one = rows.identified((consumer, message_id)).filter(next_attempt_at__lte=now)
         due = with_status(one, *POLLED_STATUSES)
     with transaction.atomic(using=using):
         candidates = list(

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import models
-from django.db.models import Q
+from django.db import connections, models
+from django.db.models import F, Q, Value
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+from .db.identity import Identity
+
+_Rows = TypeVar("_Rows", bound="models.QuerySet[Any]")
 
 #: Statuses a worker polls. For ``in_progress`` rows ``next_attempt_at`` is the lease expiry,
 #: so one indexed predicate (``status IN … AND next_attempt_at <= now``) finds every row
@@ -19,9 +23,42 @@ POLLED_STATUSES = ("received", "failed", "in_progress")
 ATTENTION_STATUSES = ("dead", "parked")
 
 
+def identified(rows: _Rows, *pairs: tuple[str, str]) -> _Rows:
+    """``rows`` whose ``(consumer, message_id)`` is one of ``pairs``. On PostgreSQL the
+    lookup compares the digest the unique index holds (:mod:`django_inbox.db.identity`), so
+    it reads the index; a plain ``filter(consumer=…, message_id=…)`` reads the table there.
+    No pairs, no rows."""
+    if not pairs:
+        return rows.none()
+    match = Q()
+    for consumer, message_id in pairs:
+        match |= Q(consumer=consumer, message_id=message_id)
+    rows = rows.filter(match)
+    if connections[rows.db].vendor != "postgresql":
+        return rows
+    digests = [Identity(Value(consumer), Value(message_id)) for consumer, message_id in pairs]
+    return rows.alias(inbox_identity=Identity(F("consumer"), F("message_id"))).filter(
+        inbox_identity__in=digests
+    )
+
+
 class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
     def for_consumer(self, consumer: str | None) -> InboxMessageQuerySet:
         return self if consumer is None else self.filter(consumer=consumer)
+
+    def identified(self, *pairs: tuple[str, str]) -> InboxMessageQuerySet:
+        """Rows whose ``(consumer, message_id)`` is one of ``pairs`` (see :func:`identified`)."""
+        return identified(self, *pairs)
+
+    def filter(self, *args: Any, **kwargs: Any) -> InboxMessageQuerySet:
+        """``filter()``, and ``get()`` through it: with ``consumer=`` and ``message_id=``
+        among the keywords, the lookup goes through the unique index of identities on
+        PostgreSQL (:func:`identified`), as it did through the unique constraint before."""
+        consumer, message_id = kwargs.get("consumer"), kwargs.get("message_id")
+        if isinstance(consumer, str) and isinstance(message_id, str):
+            others = {k: v for k, v in kwargs.items() if k not in ("consumer", "message_id")}
+            return identified(super().filter(*args, **others), (consumer, message_id))
+        return super().filter(*args, **kwargs)
 
     def pending(self) -> InboxMessageQuerySet:
         """Rows that still need processing (new, failed, or being processed)."""

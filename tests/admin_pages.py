@@ -35,7 +35,8 @@ INBOX_INDEXES = (
     "django_inbox_attention_id_idx",
     "django_inbox_in_progress_idx",
     "django_inbox_polled_idx",
-    "django_inbox_unique_consumer_message",
+    "django_inbox_identity_idx",
+    "django_inbox_consumer_idx",
     f"{TABLE}_pkey",
 )
 
@@ -200,7 +201,7 @@ def pages(found: Targets) -> list[Page]:
             "search",
             "search: exact message id",
             url(q=found.message_id),
-            needs_index=("django_inbox_unique_consumer_message",),
+            needs_index=("django_inbox_identity_idx",),
         ),
         Page("page_50", "page 50, no filter", url(p=50)),
         Page(

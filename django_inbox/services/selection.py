@@ -12,7 +12,7 @@ from django.db.models import Count, QuerySet
 
 from ..conf import inbox_settings
 from ..db.aside import with_status
-from ..models import InboxMessage
+from ..models import InboxMessage, identified
 from .stats import known_consumers
 
 
@@ -91,15 +91,17 @@ def find(
 def by_message_id(
     rows: QuerySet[InboxMessage], message_ids: list[str], consumer: str | None
 ) -> QuerySet[InboxMessage]:
-    """``rows`` with one of ``message_ids``. On PostgreSQL, without a consumer, in every
-    consumer by name, so that the unique index ``(consumer, message_id)`` finds them (the
-    consumers come from a loose index scan; elsewhere listing them would read the table)."""
-    rows = rows.filter(message_id__in=message_ids)
+    """``rows`` with one of ``message_ids`` (in ``consumer``, if given). On PostgreSQL,
+    without a consumer, in every consumer by name (listed by a loose index scan), so that the
+    unique index of identities finds them; elsewhere listing them would read the table."""
     if consumer:
-        return rows.filter(consumer=consumer)
+        return identified(rows, *((consumer, message_id) for message_id in message_ids))
     if connections[rows.db].vendor != "postgresql":
-        return rows
-    return rows.filter(consumer__in=known_consumers())
+        return rows.filter(message_id__in=message_ids)
+    consumers = known_consumers()
+    return identified(
+        rows, *((name, message_id) for name in consumers for message_id in message_ids)
+    )
 
 
 def count_by_status(rows: QuerySet[InboxMessage]) -> dict[str, int]:

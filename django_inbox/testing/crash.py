@@ -111,7 +111,7 @@ def simulate_crash(
 
     consumer, message_id = message["consumer"], message["message_id"]
     rows = InboxMessage.objects.using(inbox_settings.database)
-    if rows.filter(consumer=consumer, message_id=message_id).exists():
+    if rows.identified((consumer, message_id)).exists():
         raise AssertionError(
             f"simulate_crash() needs a message the inbox has not seen: {consumer}:{message_id} "
             "is already stored, so its delivery would not run the handler as a first attempt"

@@ -159,4 +159,4 @@ def test_a_claim_of_one_message_by_its_id_reads_that_message_whatever_the_statis
     claim = next(q["sql"] for q in queries if q["sql"].startswith("UPDATE"))
     plan = explain(claim, analyze=True)
     assert rows_read(plan) <= 1, json.dumps(plan, indent=1)
-    assert indexes(plan) == {"django_inbox_unique_consumer_message"}, json.dumps(plan, indent=1)
+    assert indexes(plan) == {"django_inbox_identity_idx"}, json.dumps(plan, indent=1)

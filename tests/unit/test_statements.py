@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_inbox.db import statements
+from django_inbox.db.statements.common import identity_params
 from django_inbox.models import InboxMessage
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
@@ -34,9 +35,12 @@ def test_claim_query_is_an_ordered_scan_of_the_partial_index() -> None:
     assert "Sort" not in text, text
 
 
-def test_dedup_lookup_uses_the_unique_constraint() -> None:
+def test_dedup_lookup_uses_the_unique_index_of_identities() -> None:
+    # A plain filter by the pair, as users write it, reads the digest index too.
     text = plan(InboxMessage.objects.filter(consumer="inventory", message_id="evt-1"))
-    assert "django_inbox_unique_consumer_message" in text, text
+    assert "Index Scan using django_inbox_identity_idx" in text, text
+    text = plan(InboxMessage.objects.identified(("inventory", "evt-1"), ("billing", "evt-2")))
+    assert "django_inbox_identity_idx" in text and "Seq Scan" not in text, text
 
 
 def generic_plan(sql: str, params: list[object]) -> str:
@@ -70,5 +74,7 @@ def test_the_workers_claim_statement_reads_the_partial_index_even_under_a_generi
 
 
 def test_a_duplicates_status_lookup_reads_the_unique_index() -> None:
-    text = generic_plan(statements.current_status_sql("default"), ["inventory", "evt-1"])
-    assert "django_inbox_unique_consumer_message" in text, text
+    text = generic_plan(
+        statements.current_status_sql("default"), identity_params("inventory", "evt-1")
+    )
+    assert "Index Scan using django_inbox_identity_idx" in text, text

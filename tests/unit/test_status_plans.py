@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 TABLE = InboxMessage._meta.db_table
 PKEY = f"{TABLE}_pkey"
-UNIQUE = "django_inbox_unique_consumer_message"
+UNIQUE = "django_inbox_identity_idx"
 
 
 def _backlog(status: str, *, due: str = "now() - interval '1 minute'") -> None:
@@ -65,7 +65,7 @@ def test_a_claim_by_id_that_finds_the_message_busy_reads_it_by_its_id() -> None:
     with CaptureQueriesContext(connection) as queries:
         assert claim_batch("effects", 1, message_id="busy") == []
     look = next(q["sql"] for q in queries if "FOR UPDATE SKIP LOCKED" in q["sql"])
-    _plan_reads(look, {"django_inbox_unique_consumer_message"})
+    _plan_reads(look, {UNIQUE})
 
 
 def test_an_operators_change_of_a_selection_reads_its_rows_by_primary_key() -> None:
@@ -129,15 +129,15 @@ def _reads_by_id(sql: str, expected: set[str]) -> None:
 
 
 def test_inbox_show_finds_message_ids_by_the_unique_index() -> None:
-    """No consumer given: the message id is looked up in every consumer by name (the unique
-    index starts with the consumer), not by reading the table for it."""
+    """No consumer given: the message id is looked up in every consumer by name (the digests
+    of each consumer's pair, in the unique index of identities), not by reading the table."""
     _completed()
     take_statistics(TABLE)
     _backlog("dead", due="NULL")
     with CaptureQueriesContext(connection) as queries:
         [found] = find(message_ids=["c-3"])
     assert found.consumer == "effects" and found.status == "completed"
-    look = next(q["sql"] for q in queries if '"message_id" IN' in q["sql"])
+    look = next(q["sql"] for q in queries if "sha256(" in q["sql"])
     _reads_by_id(look, {UNIQUE})
 
 

@@ -10,7 +10,16 @@ from django.db import connections
 
 from ...models import InboxMessage
 from .. import preparing
-from .common import JSON_COLUMNS, Status, cached_sql, fence, status_aside, status_literal
+from .common import (
+    JSON_COLUMNS,
+    Status,
+    cached_sql,
+    fence,
+    identity_params,
+    identity_sql,
+    status_aside,
+    status_literal,
+)
 
 
 def _claim_sql(quote: Any, table: str, where: str) -> str:
@@ -74,14 +83,15 @@ def claim_message(
         return _claim_sql(
             quote,
             table,
-            f"{quote('consumer')} = %s AND {quote('message_id')} = %s "
+            f"{identity_sql(quote, 'postgresql')} "
             f"AND {status_aside(quote, Status.RECEIVED, Status.FAILED)} "
             f"AND {quote('next_attempt_at')} <= %s",
         )
 
     sql = cached_sql(using, "claim_message", build)
     with preparing.cursor(using) as cursor:
-        cursor.execute(sql, [lease_id, until, until, now, consumer, message_id, now])
+        params = [lease_id, until, until, now, *identity_params(consumer, message_id), now]
+        cursor.execute(sql, params)
         found = cursor.fetchall()
     return _claimed_rows(found, using)
 

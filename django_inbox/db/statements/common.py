@@ -10,6 +10,7 @@ from typing import Any
 from django.db import connections
 
 from ...models import InboxMessage
+from ..identity import digest_params, digest_sql
 
 Status = InboxMessage.Status
 
@@ -61,6 +62,23 @@ def quote_of(using: str) -> Any:
 
 def table_of(using: str) -> str:
     return str(quote_of(using)(InboxMessage._meta.db_table))
+
+
+def identity_sql(quote: Any, vendor: str) -> str:
+    """``WHERE`` SQL of one message by ``(consumer, message_id)``, its parameters from
+    :func:`identity_params`. On PostgreSQL it compares the digest the unique index holds
+    (:mod:`django_inbox.db.identity`), then the two columns."""
+    pair = f"{quote('consumer')} = %s AND {quote('message_id')} = %s"
+    if vendor != "postgresql":
+        return pair
+    column = digest_sql(quote("consumer"), quote("message_id"))
+    return f"{column} = {digest_sql('%s', '%s')} AND {pair}"
+
+
+def identity_params(consumer: str, message_id: str, vendor: str = "postgresql") -> list[str]:
+    """The parameters of :func:`identity_sql`."""
+    pair = [consumer, message_id]
+    return [*digest_params(consumer, message_id), *pair] if vendor == "postgresql" else pair
 
 
 def status_literal(value: str) -> str:

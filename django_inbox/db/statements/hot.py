@@ -18,6 +18,8 @@ from .common import (
     NewRow,
     Status,
     cached_sql,
+    identity_params,
+    identity_sql,
     quote_of,
     status_literal,
     table_of,
@@ -47,15 +49,14 @@ def _insert_sql(using: str, shape: tuple[str, ...], with_status: bool) -> str:
         insert = (
             f"INSERT INTO {table} ({', '.join(quote(c) for c in COLUMNS)}) "
             f"VALUES ({', '.join(shape)}) "
-            f"ON CONFLICT ({quote('consumer')}, {quote('message_id')}) DO NOTHING "
-            f"RETURNING {quote('id')}"
+            f"ON CONFLICT DO NOTHING RETURNING {quote('id')}"
         )
         if not with_status:
             return insert
         return (
             f"WITH inserted AS ({insert}) SELECT {quote('id')}, NULL FROM inserted UNION ALL "
-            f"SELECT NULL, {quote('status')} FROM {table} WHERE {quote('consumer')} = %s "
-            f"AND {quote('message_id')} = %s AND NOT EXISTS (SELECT FROM inserted)"
+            f"SELECT NULL, {quote('status')} FROM {table} "
+            f"WHERE {identity_sql(quote, 'postgresql')} AND NOT EXISTS (SELECT FROM inserted)"
         )
 
     return cached_sql(using, ("insert", shape, with_status), build)
@@ -114,7 +115,7 @@ def insert_or_status(row: NewRow, now: datetime, using: str) -> tuple[int | None
         return (pk, None) if pk is not None else (None, current_status(*_key(row), using))
     shape, params = _shape(row, now, connection)
     with preparing.cursor(using) as cursor:
-        cursor.execute(_insert_sql(using, shape, True), [*params, *_key(row)])
+        cursor.execute(_insert_sql(using, shape, True), [*params, *identity_params(*_key(row))])
         found = cursor.fetchone()
     if found is None:
         return None, None  # committed after our snapshot: see the docstring
@@ -181,7 +182,7 @@ def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tupl
     sql = (
         f"INSERT INTO {table_of(using)} ({', '.join(quote(c) for c in COLUMNS)}) VALUES "
         + ", ".join(f"({shape})" for _ in ordered)
-        + f" ON CONFLICT ({quote('consumer')}, {quote('message_id')}) DO NOTHING "
+        + " ON CONFLICT DO NOTHING "
         f"RETURNING {quote('consumer')}, {quote('message_id')}, {quote('id')}"
     )
     with connection.cursor() as cursor:
@@ -191,12 +192,12 @@ def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tupl
 
 def current_status_sql(using: str) -> str:
     """The status of one message, by the unique key (one index probe)."""
+    vendor = connections[using].vendor
     return cached_sql(
         using,
         "current_status",
         lambda quote, table: (
-            f"SELECT {quote('status')} FROM {table} "
-            f"WHERE {quote('consumer')} = %s AND {quote('message_id')} = %s"
+            f"SELECT {quote('status')} FROM {table} WHERE {identity_sql(quote, vendor)}"
         ),
     )
 
@@ -204,6 +205,7 @@ def current_status_sql(using: str) -> str:
 def current_status(consumer: str, message_id: str, using: str) -> str | None:
     """The status of ``(consumer, message_id)``, ``None`` if it has no row."""
     with preparing.cursor(using) as cursor:
-        cursor.execute(current_status_sql(using), [consumer, message_id])
+        params = identity_params(consumer, message_id, connections[using].vendor)
+        cursor.execute(current_status_sql(using), params)
         found = cursor.fetchone()
     return None if found is None else str(found[0])

@@ -1,0 +1,113 @@
+"""Upgrading a PostgreSQL inbox to the digest index of identities, by real ``migrate`` runs in a
+database of its own: 0010 builds the digest index while the previous release's insert keeps
+deduplicating; 0011 drops the pair constraint; going back restores it. Rows stored before the
+upgrade stay duplicates of themselves after it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from subprocess import Popen
+
+import psycopg
+import pytest
+from django.db import connection
+
+from django_inbox.db.identity import digest_sql
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+DATABASE = "inbox_upgrade_test"
+TABLE = "django_inbox_inboxmessage"
+COLUMNS = (
+    "consumer, message_id, source, event_type, key, payload, headers, status, attempts, "
+    "last_error, history, received_at, updated_at, lease_id, rerun"
+)
+VALUES = "%s, %s, '', 't', '', '{}', '{}', 'received', 0, '', '[]', now(), now(), '', false"
+#: The previous release's deduplicating insert: it names the pair's constraint.
+OLD_INSERT = (
+    f"INSERT INTO {TABLE} ({COLUMNS}) VALUES ({VALUES}) "
+    "ON CONFLICT (consumer, message_id) DO NOTHING RETURNING id"
+)
+#: This release's: any unique index decides.
+NEW_INSERT = (
+    f"INSERT INTO {TABLE} ({COLUMNS}) VALUES ({VALUES}) ON CONFLICT DO NOTHING RETURNING id"
+)
+
+
+@pytest.fixture
+def upgrade_db(db_url: str) -> Iterator[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+        cursor.execute(f"CREATE DATABASE {DATABASE}")
+    try:
+        yield db_url.rsplit("/", 1)[0] + f"/{DATABASE}"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+
+
+def _migrate(manage: Callable[..., Popen[str]], url: str, *target: str) -> None:
+    proc = manage("migrate", *target, "--verbosity", "0", env={"DATABASE_URL": url})
+    _out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+
+
+def _insert(url: str, sql: str, consumer: str, message_id: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(sql, [consumer, message_id]).fetchone() is not None
+
+
+def _unique_indexes(url: str) -> dict[str, bool]:
+    with psycopg.connect(url) as conn:
+        found = conn.execute(
+            "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c "
+            "ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass AND i.indisunique "
+            "AND NOT i.indisprimary",
+            [TABLE],
+        ).fetchall()
+    return dict(found)
+
+
+def test_upgrade_to_the_digest_index_and_back(
+    manage: Callable[..., Popen[str]], upgrade_db: str
+) -> None:
+    url = upgrade_db
+    _migrate(manage, url, "django_inbox", "0009")
+    with psycopg.connect(url, autocommit=True) as conn:  # a table with history
+        conn.execute(
+            f"INSERT INTO {TABLE} ({COLUMNS}) SELECT 'orders', 'm-' || i, '', 't', '', '{{}}', "
+            "'{}', 'completed', 1, '', '[]', now(), now(), '', false "
+            "FROM generate_series(1, 2000) AS i"
+        )
+    assert _unique_indexes(url) == {"django_inbox_unique_consumer_message": True}
+
+    _migrate(manage, url, "django_inbox", "0010")
+    assert _unique_indexes(url) == {
+        "django_inbox_unique_consumer_message": True,
+        "django_inbox_identity_idx": True,
+    }
+    # Workers of the previous release keep deduplicating meanwhile; so does this release's.
+    assert not _insert(url, OLD_INSERT, "orders", "m-7")
+    assert _insert(url, OLD_INSERT, "orders", "old-1")
+    assert not _insert(url, NEW_INSERT, "orders", "old-1")
+
+    _migrate(manage, url)
+    assert _unique_indexes(url) == {"django_inbox_identity_idx": True}
+    for message_id in ("m-1", "m-2000", "old-1"):  # stored before: still duplicates
+        assert not _insert(url, NEW_INSERT, "orders", message_id)
+    assert _insert(url, NEW_INSERT, "orders", "new-1")
+    with psycopg.connect(url) as conn:  # a lookup by identity reads the digest index
+        conn.execute("ANALYZE " + TABLE)
+        plan = conn.execute(
+            f"EXPLAIN SELECT id FROM {TABLE} WHERE "
+            f"{digest_sql('consumer', 'message_id')} = {digest_sql('%s', '%s')}",
+            ["orders", "orders", "m-5"],
+        ).fetchall()
+    assert "django_inbox_identity_idx" in str(plan), plan
+    with pytest.raises(psycopg.errors.InvalidColumnReference):  # why 0011 waits for old workers
+        _insert(url, OLD_INSERT, "orders", "old-2")
+
+    _migrate(manage, url, "django_inbox", "0009")
+    assert _unique_indexes(url) == {"django_inbox_unique_consumer_message": True}
+    assert not _insert(url, OLD_INSERT, "orders", "new-1")
+    assert _insert(url, OLD_INSERT, "orders", "old-2")

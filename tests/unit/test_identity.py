@@ -1,0 +1,88 @@
+"""A message's identity: ``(consumer, message_id)``, unique per consumer. On PostgreSQL the
+unique index holds a digest of the pair (``db/identity.py``): these tests hold it to the pair's
+meaning, for pairs a careless encoding of the two strings would confuse."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_inbox.db import statements
+from django_inbox.db.identity import digest_sql
+from django_inbox.models import InboxMessage
+
+pytestmark = pytest.mark.django_db
+
+#: Pairs that naive encodings confuse, two by two: a plain concatenation of the two strings,
+#: bytea's escapes (``\101`` is "A", ``\\`` one backslash, ``\x41`` hex), characters of several
+#: bytes where a length in bytes would differ from one in characters.
+CONFUSABLE = [
+    (("ab", "c"), ("a", "bc")),
+    (("orders", "a\\101b"), ("orders", "aAb")),
+    (("orders", "x\\\\y"), ("orders", "x\\y")),
+    (("orders", "\\x41"), ("orders", "A")),
+    (("é", "x"), ("\u00c3\u00a9", "x")),
+    (("1:a", "b"), ("1", ":ab")),
+]
+
+
+def store(consumer: str, message_id: str) -> bool:
+    """The deduplicating insert itself (``deliver()``'s and ``store()``'s): ``True`` if new."""
+    row = statements.NewRow(consumer=consumer, message_id=message_id, event_type="t", payload="{}")
+    return statements.insert(row, timezone.now(), "default") is not None
+
+
+def python_digest(consumer: str, message_id: str) -> uuid.UUID:
+    text = f"{len(consumer)}:{consumer}{message_id}".encode()
+    return uuid.UUID(bytes=hashlib.sha256(text).digest()[:16])
+
+
+@pytest.mark.parametrize(("one", "other"), CONFUSABLE)
+def test_confusable_pairs_are_two_messages(one: tuple[str, str], other: tuple[str, str]) -> None:
+    for consumer, message_id in (one, other):
+        assert store(consumer, message_id)
+    for consumer, message_id in (one, other):  # and each is a duplicate of itself only
+        assert not store(consumer, message_id)
+        found = InboxMessage.objects.get(consumer=consumer, message_id=message_id)
+        assert (found.consumer, found.message_id) == (consumer, message_id)
+    assert InboxMessage.objects.count() == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("pair", [pair for pairs in CONFUSABLE for pair in pairs])
+def test_the_digest_is_sha256_of_the_length_prefixed_pair(pair: tuple[str, str]) -> None:
+    """The SQL expression computes what its documentation says, so the encoding above is
+    the one the index holds (the database is UTF-8)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {digest_sql('%s', '%s')}", [pair[0], pair[0], pair[1]])
+        (found,) = cursor.fetchone()
+    assert uuid.UUID(str(found)) == python_digest(*pair)
+
+
+@pytest.mark.postgres
+def test_the_unique_index_is_the_digests_and_the_pair_constraint_is_gone() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, i.indisunique, i.indisvalid FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass "
+            "AND i.indisunique AND NOT i.indisprimary",
+            [InboxMessage._meta.db_table],
+        )
+        assert cursor.fetchall() == [("django_inbox_identity_idx", True, True)]
+
+
+def test_identified_finds_each_pair_and_nothing_else() -> None:
+    for consumer in ("a", "b"):
+        for message_id in ("1", "2"):
+            store(consumer, message_id)
+    rows = InboxMessage.objects.identified(("a", "1"), ("b", "2"), ("c", "1"))
+    assert sorted((r.consumer, r.message_id) for r in rows) == [("a", "1"), ("b", "2")]
+    assert not InboxMessage.objects.identified().exists()
+    # filter() with other conditions beside the pair keeps them
+    assert InboxMessage.objects.filter(consumer="a", message_id="1", status="received").exists()
+    assert not InboxMessage.objects.filter(consumer="a", message_id="1", status="dead").exists()
+    assert InboxMessage.objects.filter(consumer="a").count() == 2
