@@ -26,8 +26,8 @@ ATTENTION_STATUSES = ("dead", "parked")
 def identified(rows: _Rows, *pairs: tuple[str, str]) -> _Rows:
     """``rows`` whose ``(consumer, message_id)`` is one of ``pairs``. On PostgreSQL the
     lookup compares the digest the unique index holds (:mod:`django_inbox.db.identity`), so
-    it reads the index; a plain ``filter(consumer=…, message_id=…)`` reads the table there.
-    No pairs, no rows."""
+    it reads the index (``filter()`` and ``get()`` with both as keywords come here too; a
+    ``Q`` of the pair or an ``exclude()`` read the table there). No pairs, no rows."""
     if not pairs:
         return rows.none()
     match = Q()
