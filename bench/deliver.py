@@ -40,6 +40,10 @@ from bench.timing import (
     payload,
     trace_lines,
 )
+from django_inbox.db.identity import digest_sql
+
+#: The inbox's ON CONFLICT target on PostgreSQL: the digest its unique index holds.
+IDENTITY = digest_sql("consumer", "message_id")
 
 # ----------------------------------------------------------------------------- 1. deliver
 
@@ -53,7 +57,7 @@ class RawPsycopg:
         "payload, headers, status, attempts, last_error, history, received_at, updated_at, "
         "next_attempt_at, locked_until, lease_id, processed_at) VALUES (%s, %s, '', %s, '', "
         "%s::jsonb, '{}'::jsonb, 'completed', 1, '', '[]'::jsonb, %s, %s, NULL, NULL, '', %s) "
-        "ON CONFLICT (consumer, message_id) DO NOTHING RETURNING id"
+        f"ON CONFLICT (({IDENTITY})) DO NOTHING RETURNING id"
     )
 
     def __init__(self) -> None:
@@ -163,10 +167,10 @@ INSERT INTO django_inbox_inboxmessage (consumer, message_id, source, event_type,
   VALUES ('bench-pgbench', gen_random_uuid()::text, '', 'bench.take', '',
   '{"sku": "BENCH-0"}'::jsonb, '{}'::jsonb, 'completed', 1, '', '[]'::jsonb, now(), now(),
   NULL, NULL, '', now())
-  ON CONFLICT (consumer, message_id) DO NOTHING RETURNING id;
+  ON CONFLICT ((IDENTITY)) DO NOTHING RETURNING id;
 UPDATE shop_stock SET qty = qty - 1 WHERE sku = 'BENCH-' || :n;
 END;
-"""
+""".replace("IDENTITY", IDENTITY)
 
 
 def pgbench(args: list[str], seconds: int) -> float:

@@ -109,7 +109,53 @@ def _section(name: str, run: Any) -> dict[str, Any]:
         return {"skipped": f"failed: {type(exc).__name__}: {exc}"}
 
 
+#: Sections that can run alone (``./scripts/bench scale``): each writes
+#: ``bench/results/<name>.json`` and ``<name>.md`` and leaves ``latest.*`` as they are.
+ALONE = {
+    "scale": ("bench.scale", "bench_scale", "render_scale"),
+    "memory": ("bench.memory", "bench_memory", "render_memory"),
+}
+
+
+def alone(names: list[str]) -> int:
+    """Run only the named sections (a full run takes 25-40 minutes)."""
+    import importlib
+    import json
+
+    unknown = sorted(set(names) - set(ALONE))
+    if unknown:
+        log(f"unknown section(s) {unknown}: choose among {sorted(ALONE)}, or none for all")
+        return 2
+    recreate_database()
+    try:
+        setup_django()
+        seed_stock()
+        for name in names:
+            module, run, render = ALONE[name]
+            loaded = importlib.import_module(module)
+            began = time.perf_counter()
+            data = _section(name, getattr(loaded, run))
+            facts = {**machine_facts(), "bench_seconds": round(time.perf_counter() - began, 1)}
+            document = {"facts": facts, name: data}
+            (RESULTS / f"{name}.json").write_text(json.dumps(document, indent=2) + "\n")
+            text = (
+                f"# django-transactional-inbox benchmark: {name} alone\n\n"
+                f"Command: `./scripts/bench {name}` · {facts['date']} · "
+                f"{facts['bench_seconds']:.0f} s · {facts['postgresql']} · "
+                f"code measured: {facts.get('code', 'unknown')}.\n\n"
+                + getattr(loaded, render)(data)
+            )
+            (RESULTS / f"{name}.md").write_text(text)
+            log("\n" + text + f"\nwrote {RESULTS / name}.json and .md")
+    finally:
+        if not KEEP_DB:
+            drop_database()
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:]:
+        return alone(sys.argv[1:])
     began = time.perf_counter()
     log(
         f"inbox benchmark: database {DB_NAME} (dropped and created), N={N}, runs={RUNS}, "

@@ -12,24 +12,40 @@ Both are built ``CONCURRENTLY``, so a large table keeps taking messages meanwhil
 constraint on ``(consumer, message_id)`` stays until 0011 drops it: code of the previous
 release, which names it in its inserts, keeps working until then. Other databases keep the
 constraint and get nothing here.
+
+The SQL is written out here, not imported: a migration builds what it built the day it was
+written. ``tests/unit/test_identity.py`` checks that the index PostgreSQL holds is the one the
+code's lookups compare (``django_inbox.db.identity.digest_sql``).
 """
 
 from django.db import migrations
 
-from django_inbox.db.identity import CONSUMER_INDEX, CONSUMER_SQL, INDEX, digest_sql
+INDEX = "django_inbox_identity_idx"
+CONSUMER_INDEX = "django_inbox_consumer_idx"
+DIGEST = (
+    "encode(substring(sha256(replace(length(\"consumer\"::text)::text || ':' || "
+    "\"consumer\"::text || \"message_id\"::text, E'\\\\', E'\\\\\\\\')::bytea) FROM 1 FOR 16), "
+    "'hex')::uuid"
+)
+CONSUMER = '("consumer" COLLATE "C")'
 
 
-def _build(schema_editor, name, definition):
+def _invalid(schema_editor, name):
+    """Whether ``name`` (in the schema the connection resolves it in) is an index left INVALID
+    by an interrupted ``CONCURRENTLY`` build."""
     with schema_editor.connection.cursor() as cursor:
-        # An interrupted CONCURRENTLY build leaves an INVALID index behind; IF NOT EXISTS would
-        # keep it. Drop it and build again.
         cursor.execute(
-            "SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = %s",
+            "SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
             [name],
         )
         found = cursor.fetchone()
-    if found and found[0]:
+    return bool(found and found[0])
+
+
+def _build(schema_editor, name, definition):
+    # An interrupted CONCURRENTLY build leaves an INVALID index behind; IF NOT EXISTS would
+    # keep it. Drop it and build again.
+    if _invalid(schema_editor, name):
         schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
     schema_editor.execute(definition)
 
@@ -38,16 +54,15 @@ def create(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
     table = schema_editor.quote_name(apps.get_model("django_inbox", "InboxMessage")._meta.db_table)
-    digest = digest_sql('"consumer"', '"message_id"')
     _build(
         schema_editor,
         INDEX,
-        f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} ON {table} (({digest}))",
+        f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} ON {table} (({DIGEST}))",
     )
     _build(
         schema_editor,
         CONSUMER_INDEX,
-        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {CONSUMER_INDEX} ON {table} ({CONSUMER_SQL})",
+        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {CONSUMER_INDEX} ON {table} ({CONSUMER})",
     )
 
 
@@ -65,4 +80,6 @@ class Migration(migrations.Migration):
         ("django_inbox", "0009_attention_id_index"),
     ]
 
-    operations = [migrations.RunPython(create, drop, elidable=False)]
+    operations = [
+        migrations.RunPython(create, drop, elidable=False, hints={"model_name": "inboxmessage"})
+    ]

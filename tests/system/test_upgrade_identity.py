@@ -28,9 +28,10 @@ OLD_INSERT = (
     f"INSERT INTO {TABLE} ({COLUMNS}) VALUES ({VALUES}) "
     "ON CONFLICT (consumer, message_id) DO NOTHING RETURNING id"
 )
-#: This release's: any unique index decides.
+#: This release's: it names the digest index.
 NEW_INSERT = (
-    f"INSERT INTO {TABLE} ({COLUMNS}) VALUES ({VALUES}) ON CONFLICT DO NOTHING RETURNING id"
+    f"INSERT INTO {TABLE} ({COLUMNS}) VALUES ({VALUES}) "
+    f"ON CONFLICT (({digest_sql('consumer', 'message_id')})) DO NOTHING RETURNING id"
 )
 
 
@@ -46,10 +47,11 @@ def upgrade_db(db_url: str) -> Iterator[str]:
             cursor.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
 
 
-def _migrate(manage: Callable[..., Popen[str]], url: str, *target: str) -> None:
+def _migrate(manage: Callable[..., Popen[str]], url: str, *target: str, fails: bool = False) -> str:
     proc = manage("migrate", *target, "--verbosity", "0", env={"DATABASE_URL": url})
     _out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
+    assert (proc.returncode != 0) is fails, err[-3000:]
+    return err
 
 
 def _insert(url: str, sql: str, consumer: str, message_id: str) -> bool:
@@ -81,6 +83,15 @@ def test_upgrade_to_the_digest_index_and_back(
         )
     assert _unique_indexes(url) == {"django_inbox_unique_consumer_message": True}
 
+    _migrate(manage, url, "django_inbox", "0010")
+    # 0011 refuses to drop the constraint while the digest index is missing (0010 interrupted,
+    # or marked applied with --fake): the inbox would be left without deduplication.
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP INDEX django_inbox_identity_idx")
+    err = _migrate(manage, url, "django_inbox", "0011", fails=True)
+    assert "django_inbox_identity_idx is missing" in err, err[-3000:]
+    assert _unique_indexes(url) == {"django_inbox_unique_consumer_message": True}
+    _migrate(manage, url, "django_inbox", "0009")
     _migrate(manage, url, "django_inbox", "0010")
     assert _unique_indexes(url) == {
         "django_inbox_unique_consumer_message": True,

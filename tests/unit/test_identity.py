@@ -10,6 +10,7 @@ import uuid
 import pytest
 from django.db import connection
 from django.utils import timezone
+from django.utils.translation import gettext_lazy
 
 from django_inbox.db import statements
 from django_inbox.db.identity import digest_sql
@@ -86,3 +87,78 @@ def test_identified_finds_each_pair_and_nothing_else() -> None:
     assert InboxMessage.objects.filter(consumer="a", message_id="1", status="received").exists()
     assert not InboxMessage.objects.filter(consumer="a", message_id="1", status="dead").exists()
     assert InboxMessage.objects.filter(consumer="a").count() == 2
+
+
+@pytest.mark.postgres
+def test_the_index_postgresql_holds_is_the_one_the_lookups_compare() -> None:
+    """Migration 0010 writes the index's SQL out; the code's lookups build it from
+    ``digest_sql``. The two must be one expression, or every lookup by identity would read
+    the table while the old expression kept deciding duplicates."""
+    table = InboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TEMP TABLE identity_check (LIKE {table})")
+        cursor.execute(
+            "CREATE UNIQUE INDEX identity_check_idx ON identity_check "
+            f"(({digest_sql('consumer', 'message_id')}))"
+        )
+        cursor.execute(
+            "SELECT pg_get_indexdef('django_inbox_identity_idx'::regclass), "
+            "pg_get_indexdef('identity_check_idx'::regclass)"
+        )
+        live, expected = cursor.fetchone()
+        cursor.execute("DROP TABLE identity_check")
+    assert live.split(" USING ", 1)[1] == expected.split(" USING ", 1)[1]
+
+
+@pytest.mark.postgres
+def test_a_conflict_on_another_unique_index_raises_instead_of_passing_for_a_duplicate() -> None:
+    """The insert names its arbiter: a primary key taken (a sequence set back, as after a
+    data-only restore) is an error, not a duplicate acknowledged and lost."""
+    from django.db import IntegrityError, transaction
+
+    assert store("orders", "first")
+    taken = InboxMessage.objects.get(consumer="orders", message_id="first").pk
+    table = InboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), %s, false)", [taken]
+        )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        store("orders", "second")
+    assert not InboxMessage.objects.filter(consumer="orders", message_id="second").exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "lookup",
+    [
+        {"consumer": "orders", "message_id": "m-1"},
+        {"consumer__exact": "orders", "message_id__exact": "m-1"},
+        {"consumer": "orders", "message_id__in": ["m-1", "m-2"]},
+        {"consumer": "orders", "message_id": uuid.UUID(int=1)},
+        {"consumer": gettext_lazy("orders"), "message_id": "m-1"},
+    ],
+    ids=["plain", "exact", "in", "uuid", "lazy"],
+)
+def test_every_keyword_form_of_the_pair_reads_the_digest_index(lookup: dict[str, object]) -> None:
+    from tests.plans import explain, indexes
+
+    sql, params = InboxMessage.objects.filter(**lookup).query.sql_with_params()
+    with connection.cursor() as cursor:
+        text = cursor.mogrify(sql, params)
+        text = text.decode() if isinstance(text, bytes) else text
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # an empty table: ask for the index
+        assert "django_inbox_identity_idx" in indexes(explain(text))
+
+
+def test_keyword_forms_find_the_same_rows() -> None:
+    store("orders", "m-1")
+    store("orders", str(uuid.UUID(int=1)))
+    rows = InboxMessage.objects
+    assert rows.filter(consumer__exact="orders", message_id__exact="m-1").count() == 1
+    assert rows.filter(consumer="orders", message_id__in=["m-1", "nope"]).count() == 1
+    assert rows.filter(consumer="orders", message_id__in=[]).count() == 0
+    assert rows.filter(consumer="orders", message_id=uuid.UUID(int=1)).count() == 1
+    assert rows.filter(consumer=gettext_lazy("orders"), message_id="m-1").count() == 1
+    assert rows.get(consumer="orders", message_id="m-1").message_id == "m-1"

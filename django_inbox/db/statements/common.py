@@ -75,6 +75,17 @@ def identity_sql(quote: Any, vendor: str) -> str:
     return f"{column} = {digest_sql('%s', '%s')} AND {pair}"
 
 
+def conflict_target(quote: Any, vendor: str) -> str:
+    """The ``ON CONFLICT`` target of the inbox's inserts: the unique index of identities on
+    PostgreSQL (its expression, which is how PostgreSQL infers an expression index), the
+    unique constraint elsewhere. Named, so that a conflict on any other unique index (the
+    primary key after a careless restore, an index a user added) raises instead of passing
+    for a duplicate and losing the message."""
+    if vendor == "postgresql":
+        return f"(({digest_sql(quote('consumer'), quote('message_id'))}))"
+    return f"({quote('consumer')}, {quote('message_id')})"
+
+
 def identity_params(consumer: str, message_id: str, vendor: str = "postgresql") -> list[str]:
     """The parameters of :func:`identity_sql`."""
     pair = [consumer, message_id]

@@ -18,6 +18,7 @@ from .common import (
     NewRow,
     Status,
     cached_sql,
+    conflict_target,
     identity_params,
     identity_sql,
     quote_of,
@@ -45,11 +46,13 @@ def _literal(column: str, value: Any, vendor: str) -> str | None:
 
 
 def _insert_sql(using: str, shape: tuple[str, ...], with_status: bool) -> str:
+    vendor = connections[using].vendor
+
     def build(quote: Any, table: str) -> str:
         insert = (
             f"INSERT INTO {table} ({', '.join(quote(c) for c in COLUMNS)}) "
             f"VALUES ({', '.join(shape)}) "
-            f"ON CONFLICT DO NOTHING RETURNING {quote('id')}"
+            f"ON CONFLICT {conflict_target(quote, vendor)} DO NOTHING RETURNING {quote('id')}"
         )
         if not with_status:
             return insert
@@ -84,7 +87,8 @@ def _shape(row: NewRow, now: datetime, connection: Any) -> tuple[tuple[str, ...]
 
 
 def insert(row: NewRow, now: datetime, using: str) -> int | None:
-    """``INSERT … ON CONFLICT DO NOTHING RETURNING id``: the new id, ``None`` for a duplicate.
+    """``INSERT … ON CONFLICT (identity) DO NOTHING RETURNING id``: the new id, ``None`` for a
+    duplicate.
 
     Databases without ``ON CONFLICT`` insert under a savepoint and take the unique violation
     for a duplicate.
@@ -182,7 +186,7 @@ def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tupl
     sql = (
         f"INSERT INTO {table_of(using)} ({', '.join(quote(c) for c in COLUMNS)}) VALUES "
         + ", ".join(f"({shape})" for _ in ordered)
-        + " ON CONFLICT DO NOTHING "
+        + f" ON CONFLICT {conflict_target(quote, vendor)} DO NOTHING "
         f"RETURNING {quote('consumer')}, {quote('message_id')}, {quote('id')}"
     )
     with connection.cursor() as cursor:
