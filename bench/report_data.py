@@ -29,6 +29,7 @@ ORDER = [
     ("2c", "drain_command_small"),
     ("2c", "drain_bare_small"),
     ("2c", "drain_procrastinate"),
+    ("2c", "drain_bare_batched"),
     ("2d", "drain_unordered"),
     ("2d", "drain_ordered"),
     ("2d", "drain_ordered_swapped"),

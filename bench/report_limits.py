@@ -174,6 +174,34 @@ class Limits(ReportData):
             )
         )
 
+    def limit_commit_every(self) -> str | None:
+        if not self.median("drain_commit_every") or not self.median("drain_bare_batched"):
+            return None
+        ce_wall, ce_client, _ = self.split("drain_commit_every")
+        one_wall, _, _ = self.split("drain_bare_small")
+        batched_wall, batched_client, _ = self.split("drain_bare_batched")
+        goal = self.data["targets"].get("ratios", {}).get("commit_every_bare")
+        ratio = self.ratio("drain_commit_every", "drain_bare_small") or 0.0
+        ceiling = self.ratio("drain_bare_batched", "drain_bare_small") or 0.0
+        near = self.ratio("drain_commit_every", "drain_bare_batched") or 0.0
+        reach = "" if goal is None else f", goal {_f(goal, 2)}"
+        return (
+            f"- **2e. drain with `commit_every=100` = {_f(ratio, 2)} times the bare "
+            f"per-message loop{reach}** ({_f(ce_wall)} µs/msg, {_f(ce_client)} µs client CPU, "
+            f"against {_f(one_wall)} µs). The ceiling is the handlers themselves: a bare "
+            f"`atomic()` loop running 100 handlers per transaction, with no inbox at all, takes "
+            f"{_f(batched_wall)} µs/msg ({_f(batched_client)} µs client CPU: Django's ORM "
+            f"building and sending each UPDATE), {_f(ceiling, 2)} times the per-message loop"
+            + (
+                f", so no inbox can reach {_f(goal, 2)} with this handler on this machine"
+                if goal is not None and ceiling < goal
+                else ""
+            )
+            + f". The drain runs at {_f(near, 2)} of that ceiling: the claim (one statement "
+            "per 100), the completion of the 100 in one `UPDATE`, and per message the "
+            "`InboxMessage` it builds, the handler's context and the events it sends."
+        )
+
     def limit_outbox(self) -> str | None:
         if not self.median("outbox_relay"):
             return None
@@ -181,6 +209,8 @@ class Limits(ReportData):
         pub_wall, pub_client, pub_server = self.split("outbox_publish")
         relay = self.data["figures"].get("outbox_relay", {})
         ceiling = self.ratio("outbox_round_trip", "outbox_bare_tx")
+        floor = self.ratio("outbox_raw_insert", "outbox_raw_bare")
+        goal = self.data["targets"].get("ratios", {}).get("publish_overhead")
         lag = (
             f" Under a steady load ({_f(relay.get('lag_rate'))} rows/s written), a row is sent "
             f"{_f(relay.get('lag_p50_ms'))} ms after it was written (p50), "
@@ -192,12 +222,27 @@ class Limits(ReportData):
             f"- **8. outbox: a business transaction with `publish()` = {_f(pub_wall)} µs against "
             f"{_f(bare_wall)} without** ({_f(pub_client)} µs client CPU, {_f(pub_server)} µs "
             "PostgreSQL CPU with it): one more round trip, the prepared `INSERT` of the row and "
-            "its four index entries."
+            "its index entries (five for a keyed row: the primary key, the message id's unique "
+            "index and Django's `LIKE` index beside it, the pending and the key indexes)."
             + (
                 f" The same transaction with one `SELECT 1` more runs at {_f(ceiling, 2)} of "
                 "the bare one: no `publish()` that writes in the caller's transaction can do "
                 "better than that round trip."
                 if ceiling
+                else ""
+            )
+            + (
+                f" Raw psycopg sending the same prepared `INSERT` in the same transaction, with "
+                f"no Python of ours, runs at {_f(floor, 2)} of its own bare transaction"
+                + (
+                    f": a floor under the goal of {_f(goal, 2)}, which leaves "
+                    f"{_f(bare_wall * (1 / goal - 1))} µs for everything `publish()` does "
+                    "(round trip, the row's server work, validation and JSON)"
+                    if goal is not None and floor < goal
+                    else ""
+                )
+                + "."
+                if floor
                 else ""
             )
             + " **The relay publishes "
@@ -211,6 +256,7 @@ class Limits(ReportData):
         found = [
             self.limit_deliver(),
             self.limit_drain(),
+            self.limit_commit_every(),
             self.limit_ordered(),
             self.limit_outbox(),
             self.limit_duplicates(),

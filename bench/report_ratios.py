@@ -39,6 +39,20 @@ RATIOS = [
         "commit_every_bare",
     ),
     (
+        "a bare `atomic()` loop of 100 handlers per transaction / the bare loop of one (the "
+        "ceiling for commit_every_bare: the handlers alone, no inbox)",
+        "drain_bare_batched",
+        "drain_bare_small",
+        "commit_every_ceiling",
+    ),
+    (
+        "drain with `commit_every=100` / a bare `atomic()` loop of 100 handlers per "
+        "transaction (how near the inbox comes to that ceiling)",
+        "drain_commit_every",
+        "drain_bare_batched",
+        "commit_every_batched",
+    ),
+    (
         "duplicate rejection: deliver() / raw psycopg floor",
         "duplicate_deliver",
         "duplicate_raw",
