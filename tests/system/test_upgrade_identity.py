@@ -90,9 +90,32 @@ def test_upgrade_to_the_digest_index_and_back(
         conn.execute("DROP INDEX django_inbox_identity_idx")
     err = _migrate(manage, url, "django_inbox", "0011", fails=True)
     assert "django_inbox_identity_idx is missing" in err, err[-3000:]
-    assert _unique_indexes(url) == {"django_inbox_unique_consumer_message": True}
+    # ... or is a unique index of that name on another expression.
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE UNIQUE INDEX django_inbox_identity_idx "
+            f"ON {TABLE} (md5(consumer || message_id))"
+        )
+    err = _migrate(manage, url, "django_inbox", "0011", fails=True)
+    assert "django_inbox_identity_idx is missing" in err, err[-3000:]
+    assert _unique_indexes(url) == {
+        "django_inbox_unique_consumer_message": True,
+        "django_inbox_identity_idx": True,
+    }
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP INDEX django_inbox_identity_idx")
     _migrate(manage, url, "django_inbox", "0009")
     _migrate(manage, url, "django_inbox", "0010")
+    assert _unique_indexes(url) == {
+        "django_inbox_unique_consumer_message": True,
+        "django_inbox_identity_idx": True,
+    }
+    # Behind a transaction that holds the table, 0011 gives up after its lock timeout and
+    # changes nothing; run again, it goes through.
+    with psycopg.connect(url) as holder:
+        holder.execute(f"SELECT id FROM {TABLE} LIMIT 1")
+        err = _migrate(manage, url, "django_inbox", "0011", fails=True)
+    assert "waited 3s for its lock" in err, err[-3000:]
     assert _unique_indexes(url) == {
         "django_inbox_unique_consumer_message": True,
         "django_inbox_identity_idx": True,

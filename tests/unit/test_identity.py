@@ -4,6 +4,7 @@ meaning, for pairs a careless encoding of the two strings would confuse."""
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import uuid
 
@@ -111,8 +112,11 @@ def test_the_index_postgresql_holds_is_the_one_the_lookups_compare() -> None:
 
 
 @pytest.mark.postgres
-def test_a_conflict_on_another_unique_index_raises_instead_of_passing_for_a_duplicate() -> None:
-    """The insert names its arbiter: a primary key taken (a sequence set back, as after a
+@pytest.mark.parametrize("insert", ["insert", "insert_or_status", "insert_completed"])
+def test_a_conflict_on_another_unique_index_raises_instead_of_passing_for_a_duplicate(
+    insert: str,
+) -> None:
+    """The inserts name their arbiter: a primary key taken (a sequence set back, as after a
     data-only restore) is an error, not a duplicate acknowledged and lost."""
     from django.db import IntegrityError, transaction
 
@@ -123,9 +127,44 @@ def test_a_conflict_on_another_unique_index_raises_instead_of_passing_for_a_dupl
         cursor.execute(
             f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), %s, false)", [taken]
         )
+    row = statements.NewRow(consumer="orders", message_id="second", event_type="t", payload="{}")
     with pytest.raises(IntegrityError), transaction.atomic():
-        store("orders", "second")
+        if insert == "insert_completed":
+            statements.insert_completed([row], timezone.now(), "default")
+        else:
+            getattr(statements, insert)(row, timezone.now(), "default")
     assert not InboxMessage.objects.filter(consumer="orders", message_id="second").exists()
+
+
+@pytest.mark.postgres
+def test_while_the_pair_constraint_is_there_any_unique_index_decides() -> None:
+    """Between 0010 and 0011 both unique structures exist: an insert naming the digest index
+    alone would meet a concurrent duplicate at the constraint as a unique violation. While
+    the constraint is there the insert names no target; once it is gone, the digest index."""
+    from django_inbox.db.statements import common
+
+    row = statements.NewRow(consumer="orders", message_id="m", event_type="t", payload="{}")
+    table = InboxMessage._meta.db_table
+    saved_cache, saved_seen = dict(common.sql_cache), dict(common._pair_constraint)
+    try:
+        common.sql_cache.clear()
+        common._pair_constraint.clear()
+        assert store("orders", "m")
+        assert "ON CONFLICT ((encode(" in "".join(common.sql_cache.values())
+        with connection.cursor() as cursor:  # rolled back with the test
+            cursor.execute(
+                f"ALTER TABLE {table} ADD CONSTRAINT {common.PAIR_CONSTRAINT} "
+                "UNIQUE (consumer, message_id)"
+            )
+        common.sql_cache.clear()
+        common._pair_constraint.clear()
+        assert statements.insert(row, timezone.now(), "default") is None  # a duplicate
+        assert "ON CONFLICT  DO NOTHING" in "".join(common.sql_cache.values())
+    finally:
+        common.sql_cache.clear()
+        common.sql_cache.update(saved_cache)
+        common._pair_constraint.clear()
+        common._pair_constraint.update(saved_seen)
 
 
 @pytest.mark.postgres
@@ -152,6 +191,12 @@ def test_every_keyword_form_of_the_pair_reads_the_digest_index(lookup: dict[str,
         assert "django_inbox_identity_idx" in indexes(explain(text))
 
 
+class Kind(str, enum.Enum):  # noqa: UP042 (a StrEnum prints its value: not this case)
+    """A str subclass whose ``str()`` is not its value (``Kind.M1`` prints ``Kind.M1``)."""
+
+    M1 = "m-1"
+
+
 def test_keyword_forms_find_the_same_rows() -> None:
     store("orders", "m-1")
     store("orders", str(uuid.UUID(int=1)))
@@ -162,3 +207,7 @@ def test_keyword_forms_find_the_same_rows() -> None:
     assert rows.filter(consumer="orders", message_id=uuid.UUID(int=1)).count() == 1
     assert rows.filter(consumer=gettext_lazy("orders"), message_id="m-1").count() == 1
     assert rows.get(consumer="orders", message_id="m-1").message_id == "m-1"
+    assert rows.filter(consumer="orders", message_id=Kind.M1).count() == 1
+    assert rows.filter(consumer="orders", message_id__in=[Kind.M1]).count() == 1
+    many = [f"x-{n}" for n in range(1500)] + ["m-1"]  # over MAX_DIGESTS: the columns decide
+    assert rows.filter(consumer="orders", message_id__in=many).count() == 1

@@ -75,15 +75,44 @@ def identity_sql(quote: Any, vendor: str) -> str:
     return f"{column} = {digest_sql('%s', '%s')} AND {pair}"
 
 
-def conflict_target(quote: Any, vendor: str) -> str:
+#: The unique constraint on the pair that migration 0011 drops on PostgreSQL.
+PAIR_CONSTRAINT = "django_inbox_unique_consumer_message"
+#: Whether the pair's constraint is still on the table, by database alias (looked up once).
+_pair_constraint: dict[str, bool] = {}
+
+
+def conflict_target(quote: Any, vendor: str, using: str) -> str:
     """The ``ON CONFLICT`` target of the inbox's inserts: the unique index of identities on
     PostgreSQL (its expression, which is how PostgreSQL infers an expression index), the
     unique constraint elsewhere. Named, so that a conflict on any other unique index (the
     primary key after a careless restore, an index a user added) raises instead of passing
-    for a duplicate and losing the message."""
-    if vendor == "postgresql":
-        return f"(({digest_sql(quote('consumer'), quote('message_id'))}))"
-    return f"({quote('consumer')}, {quote('message_id')})"
+    for a duplicate and losing the message.
+
+    Between migrations 0010 and 0011 PostgreSQL holds both the digest index and the pair's
+    constraint. An insert that names only the digest index would then meet a concurrent
+    duplicate at the constraint as an error (a unique violation, not a duplicate), so while
+    the constraint is there the target is left out and any unique index decides, as in the
+    releases before 0010. Looked up once per process and database: a process that saw the
+    constraint keeps leaving the target out after 0011 (still correct) until it restarts."""
+    if vendor != "postgresql":
+        return f"({quote('consumer')}, {quote('message_id')})"
+    if pair_constraint_exists(using):
+        return ""
+    return f"(({digest_sql(quote('consumer'), quote('message_id'))}))"
+
+
+def pair_constraint_exists(using: str) -> bool:
+    """Whether the table still has the pair's unique constraint (PostgreSQL before 0011)."""
+    found = _pair_constraint.get(using)
+    if found is None:
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                "SELECT EXISTS (SELECT FROM pg_constraint WHERE conname = %s "
+                "AND conrelid = to_regclass(%s))",
+                [PAIR_CONSTRAINT, table_of(using)],
+            )
+            found = _pair_constraint[using] = bool(cursor.fetchone()[0])
+    return found
 
 
 def identity_params(consumer: str, message_id: str, vendor: str = "postgresql") -> list[str]:

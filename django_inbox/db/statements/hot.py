@@ -52,7 +52,8 @@ def _insert_sql(using: str, shape: tuple[str, ...], with_status: bool) -> str:
         insert = (
             f"INSERT INTO {table} ({', '.join(quote(c) for c in COLUMNS)}) "
             f"VALUES ({', '.join(shape)}) "
-            f"ON CONFLICT {conflict_target(quote, vendor)} DO NOTHING RETURNING {quote('id')}"
+            f"ON CONFLICT {conflict_target(quote, vendor, using)} DO NOTHING "
+            f"RETURNING {quote('id')}"
         )
         if not with_status:
             return insert
@@ -186,7 +187,7 @@ def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tupl
     sql = (
         f"INSERT INTO {table_of(using)} ({', '.join(quote(c) for c in COLUMNS)}) VALUES "
         + ", ".join(f"({shape})" for _ in ordered)
-        + f" ON CONFLICT {conflict_target(quote, vendor)} DO NOTHING "
+        + f" ON CONFLICT {conflict_target(quote, vendor, using)} DO NOTHING "
         f"RETURNING {quote('consumer')}, {quote('message_id')}, {quote('id')}"
     )
     with connection.cursor() as cursor:
