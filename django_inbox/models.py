@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import uuid
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from django.db import connections, models
-from django.db.models import F, Q, Value
+from django.db import models
+from django.db.models import Q
 from django.utils import timezone
-from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
-from .db.identity import Identity
-
-_Rows = TypeVar("_Rows", bound="models.QuerySet[Any]")
+from .db.identity import identified, identity_keywords
 
 #: Statuses a worker polls. For ``in_progress`` rows ``next_attempt_at`` is the lease expiry,
 #: so one indexed predicate (``status IN … AND next_attempt_at <= now``) finds every row
@@ -23,72 +19,6 @@ _Rows = TypeVar("_Rows", bound="models.QuerySet[Any]")
 POLLED_STATUSES = ("received", "failed", "in_progress")
 #: Statuses that wait for an operator (or, for ``dead``, a purge with a dead retention).
 ATTENTION_STATUSES = ("dead", "parked")
-
-
-#: Above this many pairs a lookup compares the columns only: building and planning a list of
-#: digests costs more than it saves (a second for 5,000 pairs).
-MAX_DIGESTS = 1000
-
-
-def identified(rows: _Rows, *pairs: tuple[str, str]) -> _Rows:
-    """``rows`` whose ``(consumer, message_id)`` is one of ``pairs``. On PostgreSQL the
-    lookup compares the digest the unique index holds (:mod:`django_inbox.db.identity`), so
-    it reads the index (``filter()`` and ``get()`` with both as keywords come here too; a
-    ``Q`` of the pair or an ``exclude()`` read the table there). Over :data:`MAX_DIGESTS`
-    pairs it compares the columns only. No pairs, no rows."""
-    if not pairs:
-        return rows.none()
-    by_consumer: dict[str, list[str]] = {}
-    for consumer, message_id in pairs:
-        by_consumer.setdefault(consumer, []).append(message_id)
-    match = Q()
-    for consumer, message_ids in by_consumer.items():
-        match |= Q(consumer=consumer, message_id__in=message_ids)
-    rows = rows.filter(match)
-    if connections[rows.db].vendor != "postgresql" or len(pairs) > MAX_DIGESTS:
-        return rows
-    digests = [Identity(Value(consumer), Value(message_id)) for consumer, message_id in pairs]
-    return rows.alias(inbox_identity=Identity(F("consumer"), F("message_id"))).filter(
-        inbox_identity__in=digests
-    )
-
-
-_CONSUMER_KEYWORDS = ("consumer", "consumer__exact")
-_ID_KEYWORDS = ("message_id", "message_id__exact")
-
-
-def _text(value: Any) -> str | None:
-    """``value`` as the text a lookup compares, if it is text (or a lazy string, a UUID)."""
-    if isinstance(value, str):
-        return value  # as it is: a str subclass's __str__ may say something else
-    if isinstance(value, (Promise, uuid.UUID)):
-        return str(value)
-    return None
-
-
-def _identity_keywords(
-    kwargs: dict[str, Any],
-) -> tuple[list[tuple[str, str]], dict[str, Any]] | None:
-    """The ``(consumer, message_id)`` pairs ``filter()``'s keywords ask for, and the other
-    keywords; ``None`` if they name no consumer and message ids as plain values."""
-    consumers = [name for name in _CONSUMER_KEYWORDS if name in kwargs]
-    ids = [name for name in (*_ID_KEYWORDS, "message_id__in") if name in kwargs]
-    if len(consumers) != 1 or len(ids) != 1:
-        return None
-    consumer = _text(kwargs[consumers[0]])
-    if consumer is None:
-        return None
-    if ids[0] == "message_id__in":
-        given = kwargs[ids[0]]
-        if not isinstance(given, (list, tuple, set, frozenset)):
-            return None  # a subquery, an expression: compared as written
-        texts = [_text(value) for value in given]
-    else:
-        texts = [_text(kwargs[ids[0]])]
-    if any(text is None for text in texts):
-        return None
-    others = {k: v for k, v in kwargs.items() if k not in (consumers[0], ids[0])}
-    return [(consumer, text) for text in texts if text is not None], others
 
 
 class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
@@ -106,7 +36,7 @@ class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
         index of identities on PostgreSQL (:func:`identified`), as it went through the unique
         constraint before. Other forms (a ``Q`` of the pair, two chained ``filter()`` calls,
         ``exclude()``) compare the columns, which reads the table there."""
-        found = _identity_keywords(kwargs)
+        found = identity_keywords(kwargs)
         if found is None:
             return super().filter(*args, **kwargs)
         pairs, others = found

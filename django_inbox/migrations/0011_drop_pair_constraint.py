@@ -24,8 +24,9 @@ from django.db import OperationalError, migrations, transaction
 CONSTRAINT = "django_inbox_unique_consumer_message"
 INDEX = "django_inbox_identity_idx"
 LOCK_TIMEOUT = "3s"
+_0010 = importlib.import_module("django_inbox.migrations.0010_identity_index")
 #: The expression 0010 built the digest index on.
-DIGEST = importlib.import_module("django_inbox.migrations.0010_identity_index").DIGEST
+DIGEST = _0010.DIGEST
 
 
 def _table(apps, schema_editor):
@@ -95,18 +96,11 @@ def restore(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
     table = _table(apps, schema_editor)
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s) "
-            "AND i.indrelid = to_regclass(%s)",
-            [CONSTRAINT, table],
-        )
-        found = cursor.fetchone()
-    if found and found[0]:  # left INVALID by an interrupted build: build it again
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {CONSTRAINT}")
-    schema_editor.execute(
+    _0010._build(  # an INVALID index of that name, left by an interrupted build, is rebuilt
+        schema_editor,
+        CONSTRAINT,
         f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {CONSTRAINT} "
-        f'ON {table} ("consumer", "message_id")'
+        f'ON {table} ("consumer", "message_id")',
     )
     _locked_briefly(
         schema_editor,

@@ -12,7 +12,8 @@ from django.db.models import Count, QuerySet
 
 from ..conf import inbox_settings
 from ..db.aside import with_status
-from ..models import InboxMessage, identified
+from ..db.identity import identified
+from ..models import InboxMessage
 from .stats import known_consumers
 
 

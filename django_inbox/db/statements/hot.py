@@ -46,9 +46,8 @@ def _literal(column: str, value: Any, vendor: str) -> str | None:
 
 
 def _insert_sql(using: str, shape: tuple[str, ...], with_status: bool) -> str:
-    vendor = connections[using].vendor
-
     def build(quote: Any, table: str) -> str:
+        vendor = connections[using].vendor  # once per statement text, not per message
         insert = (
             f"INSERT INTO {table} ({', '.join(quote(c) for c in COLUMNS)}) "
             f"VALUES ({', '.join(shape)}) "
