@@ -11,6 +11,8 @@ row back once the database answers
 from __future__ import annotations
 
 import logging
+import platform
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -23,7 +25,8 @@ from . import events, history, interruptions, leases, ordering, side_effects
 from .commits import committing
 from .conf import inbox_settings
 from .db.connection import connection_lost, transaction_aborted
-from .exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted
+from .db.json import UnreadableJSON
+from .exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted, UnreadableMessage
 from .models import InboxMessage
 from .outcomes import Outcome
 from .registry import Handler, registry
@@ -52,6 +55,9 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
     if handler is None:
         reason = no_handler_reason(message.consumer, message.event_type)
         return record_failure(message, Reject(reason), None, using=using)
+    problem = unreadable_reason(message)
+    if problem is not None:
+        return record_failure(message, UnreadableMessage(problem), None, using=using)
     ordered = ordering.applies(message.consumer, message.key)
     held: Outcome | None = None
     started = time.perf_counter()
@@ -89,6 +95,19 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
         return record_failure(message, exc, handler, using=using, duration=duration)
     processed(message, time.perf_counter() - started, using)
     return Outcome.PROCESSED
+
+
+def unreadable_reason(message: InboxMessage) -> str | None:
+    """Why a claimed row's payload or headers cannot be shown to a handler, or ``None``."""
+    for name in ("payload", "headers"):
+        if isinstance(getattr(message, name), UnreadableJSON):
+            return (
+                f"the stored {name} is {UnreadableJSON.reason} (Python "
+                f"{platform.python_version()}, recursion limit {sys.getrecursionlimit()}): it "
+                "was stored before INBOX_MAX_JSON_DEPTH was checked, or not by the inbox; "
+                "the handler did not run"
+            )
+    return None
 
 
 def run_released(
@@ -134,7 +153,11 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
     handlers' bodies then run twice, which is why this is opt-in (``commit_every``).
     """
     using = using or inbox_settings.database
-    if len(messages) < 2 or any(ordering.applies(m.consumer, m.key) for m in messages):
+    if (
+        len(messages) < 2
+        or any(ordering.applies(m.consumer, m.key) for m in messages)
+        or any(unreadable_reason(m) for m in messages)
+    ):
         # An ordered consumer's keyed rows decide run, skip or wait one transaction each.
         return [process_claimed(message, using=using) for message in messages]
     handlers = [registry.get(m.consumer, m.event_type) for m in messages]

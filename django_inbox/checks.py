@@ -13,6 +13,9 @@ from .db.checks import check_database  # noqa: F401  (registers the database che
 from .durations import to_seconds
 from .registry import registry
 
+#: The deepest INBOX_MAX_JSON_DEPTH allowed: a value this deep decodes from any call stack.
+MAX_JSON_DEPTH = 256
+
 
 def _setting(name: str) -> Any:
     return getattr(settings, name, DEFAULTS[name])
@@ -220,6 +223,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             errors.append(
                 Error(f"{name} must be a positive integer, got {value!r}.", id="django_inbox.E007")
             )
+    depth = _setting("INBOX_MAX_JSON_DEPTH")
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_JSON_DEPTH:
+        errors.append(
+            Error(
+                f"INBOX_MAX_JSON_DEPTH must be an integer from 1 to {MAX_JSON_DEPTH}, got "
+                f"{depth!r}.",
+                hint="Deeper values can exhaust the recursion of the processes that decode them.",
+                id="django_inbox.E019",
+            )
+        )
     return errors
 
 

@@ -28,6 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_COMMIT_EVERY": 1,
     "INBOX_CONSUMERS": {},
     "INBOX_MAX_PAYLOAD_BYTES": 1024 * 1024,
+    "INBOX_MAX_JSON_DEPTH": 64,
     "INBOX_HANDLERS_MODULE": "inbox_handlers",
     "INBOX_DATABASE": "default",
     "INBOX_UNHANDLED": "dead",
@@ -174,6 +175,10 @@ class InboxSettings:
     @property
     def max_payload_bytes(self) -> int:
         return int(self._get("INBOX_MAX_PAYLOAD_BYTES"))
+
+    @property
+    def max_json_depth(self) -> int:
+        return int(self._get("INBOX_MAX_JSON_DEPTH"))
 
     @property
     def handlers_module(self) -> str:

@@ -68,6 +68,11 @@ class Retry(HandlerOutcome):
         self.delay = delay
 
 
+class UnreadableMessage(Reject):
+    """A stored row's payload or headers could not be decoded: it is ``dead`` without running
+    its handler (see :mod:`django_inbox.db.json`)."""
+
+
 class TransactionAborted(RuntimeError):
     """The handler returned, but its transaction can no longer commit.
 

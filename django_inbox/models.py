@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .db.identity import identified, identity_keywords
+from .db.json import StoredJSONField
 
 #: Statuses a worker polls. For ``in_progress`` rows ``next_attempt_at`` is the lease expiry,
 #: so one indexed predicate (``status IN … AND next_attempt_at <= now``) finds every row
@@ -96,8 +97,8 @@ class InboxMessage(models.Model):
         blank=True,
         help_text=_("The key's version (aggregate version); ordered consumers apply in order."),
     )
-    payload = models.JSONField()
-    headers = models.JSONField(default=dict, blank=True)
+    payload = StoredJSONField()
+    headers = StoredJSONField(default=dict, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.RECEIVED)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")

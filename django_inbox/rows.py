@@ -31,6 +31,14 @@ def prepare(**message: Unpack[MessageFields]) -> NewRow:
     if headers is not None and not isinstance(headers, Mapping):
         raise InvalidPayload(f"headers must be a mapping, got {type(headers).__name__}")
     max_bytes = inbox_settings.max_payload_bytes
+    try:
+        # Headers are what a broker or sender added: their text is made storable, not refused.
+        cleaned_headers = storable_json(dict(headers or {}))
+    except RecursionError:
+        raise InvalidPayload(
+            f"headers are nested more than {inbox_settings.max_json_depth} levels deep; "
+            "INBOX_MAX_JSON_DEPTH allows " + str(inbox_settings.max_json_depth)
+        ) from None
     return NewRow(
         consumer=clean_text(
             "consumer", message["consumer"], required=True, max_length=CONSUMER_MAX
@@ -41,8 +49,7 @@ def prepare(**message: Unpack[MessageFields]) -> NewRow:
         key=clean_text("key", message.get("key", ""), required=False),
         sequence=clean_sequence(message.get("sequence")),
         payload=encode_json("payload", message["payload"], max_bytes=max_bytes),
-        # Headers are what a broker or sender added: their text is made storable, not refused.
-        headers=encode_json("headers", storable_json(dict(headers or {})), max_bytes=max_bytes),
+        headers=encode_json("headers", cleaned_headers, max_bytes=max_bytes),
     )
 
 

@@ -19,6 +19,12 @@ _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 def clean_message_id(value: object) -> str:
     """Return the message id as text, or raise :class:`InvalidMessageId`."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1024:
+        # Over 255 digits anyway; str() would refuse past Python's 4,300-digit limit.
+        raise InvalidMessageId(
+            f"message_id is an integer of {value.bit_length()} bits; the limit is "
+            f"{MESSAGE_ID_MAX} characters"
+        )
     if isinstance(value, (int, uuid.UUID)) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str):
@@ -65,11 +71,17 @@ def clean_sequence(value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        value = int(value.strip())
+        digits = value.strip()
+        if len(digits) > len(str(SEQUENCE_MAX)):  # int() refuses past 4,300 digits
+            raise InvalidField(
+                f"sequence must be between 0 and {SEQUENCE_MAX}, got {len(digits)} digits"
+            )
+        value = int(digits)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidField(f"sequence must be an integer, got {type(value).__name__}")
     if not 0 <= value <= SEQUENCE_MAX:
-        raise InvalidField(f"sequence must be between 0 and {SEQUENCE_MAX}, got {value}")
+        shown = value if value.bit_length() <= 64 else f"an integer of {value.bit_length()} bits"
+        raise InvalidField(f"sequence must be between 0 and {SEQUENCE_MAX}, got {shown}")
     return value
 
 
@@ -81,21 +93,39 @@ def _is_unicode(value: str) -> bool:
     return True
 
 
-def encode_json(name: str, value: Any, *, max_bytes: int | None = None) -> str:
-    """Encode ``value`` as JSON text that every supported database can store.
+def encode_json(
+    name: str,
+    value: Any,
+    *,
+    max_bytes: int | None = None,
+    max_depth: int | None = None,
+    bytes_setting: str = "INBOX_MAX_PAYLOAD_BYTES",
+) -> str:
+    """Encode ``value`` as JSON text that every supported database can store, and every
+    process can read back.
 
     Raises :class:`InvalidPayload` for values that are not JSON (objects, NaN, Infinity), for
-    NUL characters and lone surrogates (PostgreSQL's ``jsonb`` refuses both), and
-    :class:`PayloadTooLarge` when the UTF-8 encoding exceeds ``max_bytes``.
+    NUL characters and lone surrogates (PostgreSQL's ``jsonb`` refuses both), for values
+    nested more than ``max_depth`` levels deep (default: ``INBOX_MAX_JSON_DEPTH``), and
+    :class:`PayloadTooLarge` when the UTF-8 encoding exceeds ``max_bytes`` (the limit named
+    ``bytes_setting`` in the error).
     """
+    if max_depth is None:
+        from .conf import inbox_settings
+
+        max_depth = inbox_settings.max_json_depth
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except ValueError as exc:
         raise InvalidPayload(
             f"{name} is not valid JSON: {exc} (NaN and Infinity are refused)"
         ) from None
-    except (TypeError, RecursionError) as exc:
+    except TypeError as exc:
         raise InvalidPayload(f"{name} is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise InvalidPayload(_too_deep(name, max_depth)) from None
+    if nesting_exceeds(text, max_depth):
+        raise InvalidPayload(_too_deep(name, max_depth))
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
@@ -103,9 +133,38 @@ def encode_json(name: str, value: Any, *, max_bytes: int | None = None) -> str:
             f"{name} contains a lone surrogate, which is not valid Unicode"
         ) from None
     if max_bytes is not None and size > max_bytes:
-        raise PayloadTooLarge(
-            f"{name} is {size} bytes encoded; INBOX_MAX_PAYLOAD_BYTES allows {max_bytes}"
-        )
+        raise PayloadTooLarge(f"{name} is {size} bytes encoded; {bytes_setting} allows {max_bytes}")
     if "\\u0000" in text and _ESCAPED_NUL.search(text):
         raise InvalidPayload(f"{name} contains a NUL character (\\u0000), which cannot be stored")
     return text
+
+
+# A JSON string, escapes included: what may hold brackets that nest nothing.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def nesting_exceeds(text: str, limit: int) -> bool:
+    """Whether the JSON ``text`` nests arrays and objects more than ``limit`` levels deep.
+
+    Counting brackets answers most payloads at C speed (fewer brackets than the limit cannot
+    nest deeper); only the others are walked, their strings removed first.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for bracket in _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        if bracket in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _too_deep(name: str, limit: int) -> str:
+    return (
+        f"{name} is nested more than {limit} levels deep; INBOX_MAX_JSON_DEPTH allows {limit} "
+        "(deeper values can stop the processes that read them back)"
+    )

@@ -22,7 +22,7 @@ from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter
 from .guards import payload_lookup_allowed, refuse_unstorable_query
 from .keys import KeyViewMixin
 from .paginator import CappedCountPaginator, InboxChangeList
-from .render import error_type, pretty_json, status_badge, summary, timeline
+from .render import error_type, pretty_json, primary_key, status_badge, summary, timeline
 
 Status = InboxMessage.Status
 #: Fields only users with ``view_payload_inboxmessage`` may see or filter the list by: the
@@ -143,11 +143,8 @@ class InboxMessageAdmin(ActionsMixin, KeyViewMixin, _ModelAdmin):
         if value and field in ("key", "source"):
             return queryset.filter(**{field: value.strip()}), False
         if value and field == "pk":
-            number = value.strip()
-            # isdigit() alone accepts "²", which int() refuses.
-            # Beyond a bigint no row can match (and Django < 5.0 would send it and fail).
-            valid = number.isascii() and number.isdigit() and int(number) < 2**63
-            return (queryset.filter(pk=int(number)) if valid else queryset.none()), False
+            pk = primary_key(value.strip())
+            return (queryset.filter(pk=pk) if pk is not None else queryset.none()), False
         # One probe of the unique index per consumer (on PostgreSQL), as inbox_show finds it.
         return by_message_id(queryset, [term], None), False
 
@@ -245,9 +242,10 @@ class InboxMessageAdmin(ActionsMixin, KeyViewMixin, _ModelAdmin):
     ) -> HttpResponse:
         refuse_unstorable_query(request)
         allowed = self.get_actions(request)
+        pk = primary_key(str(object_id))
         status = (
-            self.get_queryset(request).filter(pk=object_id).values_list("status", flat=True).first()
-            if str(object_id).isdigit()
+            self.get_queryset(request).filter(pk=pk).values_list("status", flat=True).first()
+            if pk is not None
             else None
         )
         extra_context = {

@@ -259,7 +259,10 @@ def _text(value: Any) -> str:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             return binascii.hexlify(value).decode("ascii")
-    return str(value)
+    try:
+        return str(value)
+    except ValueError:  # an integer past Python's 4,300-digit limit: no usable text
+        return ""
 
 
 def _json_safe(value: Any) -> Any:

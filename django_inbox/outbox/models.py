@@ -7,6 +7,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from ..db.json import StoredJSONField
+
 
 class OutboxMessage(models.Model):
     class Status(models.TextChoices):
@@ -22,8 +24,8 @@ class OutboxMessage(models.Model):
         max_length=255, unique=True, help_text=_("The AMQP message_id of every publication.")
     )
     event_type = models.CharField(max_length=255)
-    payload = models.JSONField()
-    headers = models.JSONField(default=dict, blank=True)
+    payload = StoredJSONField()
+    headers = StoredJSONField(default=dict, blank=True)
     exchange = models.CharField(max_length=255, blank=True, default="")
     routing_key = models.CharField(max_length=255)
     key = models.CharField(

@@ -20,6 +20,7 @@ from typing import Any
 
 from kombu.connection import Connection
 
+from ..db.json import UnreadableJSON
 from .rows import Claimed
 
 #: AMQP reply code of a returned (unroutable) message.
@@ -221,6 +222,9 @@ def _message(row: Claimed, frame_max: int) -> Any:
     bytes, a header AMQP cannot encode, properties that do not fit one frame."""
     import amqp
 
+    for name in ("payload", "headers"):
+        if isinstance(getattr(row, name), UnreadableJSON):
+            raise ValueError(f"the stored {name} is {UnreadableJSON.reason}")
     for name, value in (("exchange", row.exchange), ("routing key", row.routing_key)):
         if len(value.encode("utf-8")) > 255:
             raise ValueError(f"the {name} is over 255 bytes of UTF-8")

@@ -225,6 +225,22 @@ def test_e007_not_a_positive_int(name: str, value: object) -> None:
     assert name in text
 
 
+# --- E019 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -1, 257, 10_000, "64", 1.5, True, None])
+def test_e019_json_depth_out_of_range(value: object) -> None:
+    with override_settings(INBOX_MAX_JSON_DEPTH=value):
+        text = assert_check_fails("django_inbox.E019")
+    assert "INBOX_MAX_JSON_DEPTH" in text
+
+
+@pytest.mark.parametrize("value", [1, 64, 256])
+def test_e019_json_depth_in_range(value: int) -> None:
+    with override_settings(INBOX_MAX_JSON_DEPTH=value):
+        assert [m.id for m in check_settings() if m.id == "django_inbox.E019"] == []
+
+
 # --- E008 (INBOX_DATABASE only: safe to run through call_command) -----------------------------
 
 

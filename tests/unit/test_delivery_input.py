@@ -40,6 +40,14 @@ def good(**overrides: Any) -> dict[str, Any]:
     }
 
 
+def nested(depth: int) -> Any:
+    """A list ``depth`` levels deep, built without recursion."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BAD_INPUT = [
     pytest.param({"message_id": ""}, InvalidMessageId, id="empty-id"),
     pytest.param({"message_id": "   "}, InvalidMessageId, id="blank-id"),
@@ -64,6 +72,15 @@ BAD_INPUT = [
     pytest.param({"event_type": None}, InvalidField, id="none-event-type"),
     pytest.param({"source": "s" * 256}, InvalidField, id="256-char-source"),
     pytest.param({"key": 7}, InvalidField, id="int-key"),
+    pytest.param({"payload": nested(65)}, InvalidPayload, id="payload-65-deep"),
+    pytest.param({"payload": nested(960)}, InvalidPayload, id="payload-960-deep"),
+    pytest.param({"payload": nested(100_000)}, InvalidPayload, id="payload-100000-deep"),
+    pytest.param({"headers": {"h": nested(64)}}, InvalidPayload, id="headers-65-deep"),
+    pytest.param({"headers": {"h": nested(100_000)}}, InvalidPayload, id="headers-100000-deep"),
+    pytest.param({"message_id": 10**5000}, InvalidMessageId, id="5000-digit-int-id"),
+    pytest.param({"sequence": 10**5000}, InvalidField, id="5000-digit-sequence"),
+    pytest.param({"sequence": "9" * 5000}, InvalidField, id="5000-digit-text-sequence"),
+    pytest.param({"sequence": -(10**5000)}, InvalidField, id="minus-5000-digit-sequence"),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,13 @@ from django_inbox.exceptions import (
     PayloadTooLarge,
     UnknownEventType,
 )
-from django_inbox.validation import MESSAGE_ID_MAX, clean_message_id, clean_text, encode_json
+from django_inbox.validation import (
+    MESSAGE_ID_MAX,
+    clean_message_id,
+    clean_text,
+    encode_json,
+    nesting_exceeds,
+)
 
 # --- clean_message_id ------------------------------------------------------------------------
 
@@ -179,8 +186,47 @@ def test_deeply_nested_structure_refused() -> None:
     value: list[object] = []
     for _ in range(100_000):
         value = [value]
-    with pytest.raises(InvalidPayload):
+    with pytest.raises(InvalidPayload, match="INBOX_MAX_JSON_DEPTH allows 64"):
         encode_json("payload", value)
+
+
+def nested(depth: int) -> object:
+    """A value ``depth`` levels deep: lists and objects in turn around a number."""
+    value: object = 1
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [1, 2, 63, 64])
+def test_nesting_up_to_the_limit_accepted(depth: int) -> None:
+    assert json.loads(encode_json("payload", nested(depth))) == nested(depth)
+
+
+@pytest.mark.parametrize("depth", [65, 100, 960, 995, 5000])
+def test_nesting_past_the_limit_refused(depth: int) -> None:
+    with pytest.raises(InvalidPayload, match="nested more than 64 levels deep"):
+        encode_json("payload", nested(depth))
+
+
+def test_depth_limit_is_the_setting(settings: Any) -> None:
+    settings.INBOX_MAX_JSON_DEPTH = 3
+    encode_json("payload", nested(3))
+    with pytest.raises(InvalidPayload, match="INBOX_MAX_JSON_DEPTH allows 3"):
+        encode_json("payload", nested(4))
+
+
+def test_brackets_inside_strings_do_not_nest() -> None:
+    text = "[{" * 500 + '\\"]}' + "\\" + '"'
+    value = {"a": [text, {"b": text}], "c": ["]" * 200, "{" * 200]}
+    assert json.loads(encode_json("payload", value)) == value
+    assert not nesting_exceeds(json.dumps(value), 3)
+
+
+def test_many_shallow_brackets_are_not_deep() -> None:
+    value = [{"a": [1]} for _ in range(10_000)]
+    assert not nesting_exceeds(json.dumps(value), 3)
+    assert nesting_exceeds(json.dumps(value), 2)
 
 
 @pytest.mark.parametrize("value", ["\ud800", {"k": "a\udfffb"}, {"\udc80": 1}])

@@ -1,0 +1,57 @@
+"""Reading JSON columns so that one row can never kill the process that reads it.
+
+Python decodes JSON recursively. A value nested deeper than the interpreter can follow (about
+1,000 levels on CPython 3.11, fewer from a deep call stack, more on 3.12+) raises
+``RecursionError`` wherever it is read: in a worker's claim, in the relay, in the admin. The
+inbox refuses such values when they arrive (``INBOX_MAX_JSON_DEPTH``), but a row stored by an
+earlier release, by another Python, or by hand can still hold one. :class:`StoredJSONField`
+reads it as :class:`UnreadableJSON`, the stored text, instead of raising: the worker then
+records the row ``dead`` with the reason, and the admin shows the text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+
+class UnreadableJSON(str):
+    """The stored text of a JSON column that this process could not decode.
+
+    Never handed to a handler (the attempt ends ``dead`` first) and never written back.
+    """
+
+    reason = "nested deeper than this Python process can decode"
+
+
+def unreadable(*values: object) -> UnreadableJSON | None:
+    """The first of ``values`` that could not be decoded, or ``None``."""
+    for value in values:
+        if isinstance(value, UnreadableJSON):
+            return value
+    return None
+
+
+class StoredJSONField(models.JSONField):
+    """A :class:`~django.db.models.JSONField` whose reads never raise ``RecursionError``.
+
+    It stores exactly what ``JSONField`` stores and deconstructs as one, so migrations never
+    see a difference.
+    """
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        try:
+            return super().from_db_value(value, expression, connection)
+        except RecursionError:
+            return UnreadableJSON(value)
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        if isinstance(value, UnreadableJSON):
+            # Saving it would store a JSON string in place of the value: refuse.
+            raise ValueError(f"{self.name} could not be decoded ({value.reason}); not saved")
+        return super().get_db_prep_value(value, connection, prepared)
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs

@@ -1,0 +1,112 @@
+"""Stored rows no process can read: real ``inbox_process`` and ``outbox_relay`` processes.
+
+A payload nested deeper than Python decodes (stored by an earlier release, by another Python,
+or by hand) made every worker that claimed it exit with ``RecursionError``; the claim rolled
+back, the row stayed first in line, and the consumer's other rows waited for ever. The same
+row in the outbox stopped every relay. Now each such row ends ``dead`` with its reason, and
+the rows around it are processed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+from kombu import Connection, Queue
+
+from django_inbox import store
+from django_inbox.models import InboxMessage
+from django_inbox.outbox import publish
+from django_inbox.outbox.models import OutboxMessage
+from tests import brokers
+from tests.effects import effect_counts
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+Manage = Callable[..., subprocess.Popen[str]]
+Status = InboxMessage.Status
+
+#: Deeper than any Python decodes from any stack (PostgreSQL's jsonb still stores it).
+DEPTH = 3000
+
+
+def make_deep(table: str, column: str, pk: int) -> None:
+    """Store a value ``DEPTH`` arrays deep in ``column`` of row ``pk``, bypassing the inbox's
+    own validation, as an earlier release or a hand-made row would."""
+    value = "[" * DEPTH + "1" + "]" * DEPTH
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {column} = %s::jsonb WHERE id = %s", [value, pk])
+
+
+def finish(proc: subprocess.Popen[str]) -> str:
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {err[-3000:]}"
+    assert "RecursionError" not in err
+    return out
+
+
+@pytest.mark.parametrize("column", ["payload", "headers"])
+def test_a_worker_records_an_unreadable_row_dead_and_processes_the_rest(
+    manage: Manage, column: str
+) -> None:
+    for n in range(5):
+        store(consumer="effects", message_id=f"m-{n}", event_type="effect.write", payload={})
+    deep = InboxMessage.objects.get(consumer="effects", message_id="m-0")
+    make_deep(InboxMessage._meta.db_table, column, deep.pk)
+
+    out = finish(manage("inbox_process", "--consumer", "effects", "--until-idle", "1"))
+
+    deep.refresh_from_db(fields=["status", "attempts", "last_error"])
+    assert deep.status == Status.DEAD
+    assert deep.attempts == 1
+    assert deep.last_error.startswith(f"UnreadableMessage: the stored {column} is nested deeper")
+    assert "the handler did not run" in deep.last_error
+    assert effect_counts() == {f"m-{n}": 1 for n in range(1, 5)}, "the others ran, once each"
+    assert "dead 1" in out
+    with connection.cursor() as cursor:  # the stored value is kept as it was
+        cursor.execute(
+            f"SELECT length({column}::text) FROM {InboxMessage._meta.db_table} WHERE id = %s",
+            [deep.pk],
+        )
+        assert cursor.fetchone()[0] == 2 * DEPTH + 1
+
+
+@pytest.fixture
+def queue() -> Any:
+    name = brokers.new_queue_name("unreadable")
+    with Connection(brokers.RABBITMQ) as broker:
+        Queue(name, routing_key=name, durable=True)(broker.default_channel).declare()
+    yield name
+    with Connection(brokers.RABBITMQ) as broker:
+        Queue(name)(broker.default_channel).delete()
+
+
+@pytest.mark.parametrize("column", ["payload", "headers"])
+def test_a_relay_records_an_unreadable_row_dead_and_publishes_the_rest(
+    manage: Manage, queue: str, column: str
+) -> None:
+    first = publish("deep.event", {"n": 0}, routing_key=queue, key="k")
+    later = [publish("deep.event", {"n": n}, routing_key=queue, key="k") for n in (1, 2)]
+    other = publish("deep.event", {"n": 3}, routing_key=queue)
+    deep = OutboxMessage.objects.get(message_id=first)
+    make_deep(OutboxMessage._meta.db_table, column, deep.pk)
+
+    finish(manage("outbox_relay", "--broker", brokers.RABBITMQ, "--until-idle", "1"))
+
+    deep.refresh_from_db()
+    assert deep.status == OutboxMessage.Status.DEAD
+    assert f"the stored {column} is nested deeper" in deep.last_error
+    sent = set(
+        OutboxMessage.objects.filter(status=OutboxMessage.Status.SENT).values_list(
+            "message_id", flat=True
+        )
+    )
+    assert sent == {*later, other}, "the key's later rows and the others went out"
+    with Connection(brokers.RABBITMQ) as broker:
+        bodies = []
+        while (message := broker.default_channel.basic_get(queue, no_ack=True)) is not None:
+            bodies.append(json.loads(message.body))
+    assert sorted(body["n"] for body in bodies) == [1, 2, 3]
