@@ -17,7 +17,7 @@ from .models import InboxMessage
 from .outcomes import Outcome
 from .registry import registry
 from .rows import NewRow
-from .text import storable, storable_json
+from .text import cut, storable, storable_json
 from .validation import (
     CONSUMER_MAX,
     TEXT_MAX,
@@ -98,8 +98,10 @@ def store_dead(
     instead of being dropped or retried in a loop. ``payload`` should be what is left of it
     (e.g. the raw body). Takes the other arguments of :func:`~django_inbox.deliver`.
 
-    Being the last resort, it stores what it can: text fields are made storable and cut to
-    their column, and headers or a payload that cannot be stored are replaced by a note
+    Being the last resort, it stores what it can: text fields are made storable, an event
+    type too long for its column is cut (marked with an ellipsis), a ``key`` or ``source`` too
+    long for theirs is left blank (cut, two keys could become one; the reason and the headers
+    say what arrived), and headers or a payload that cannot be stored are replaced by a note
     saying why. Only an unusable ``consumer`` or ``message_id`` raises
     :class:`~django_inbox.InvalidMessage`: without them there is no row to keep.
     """
@@ -107,9 +109,9 @@ def store_dead(
     row = NewRow(
         consumer=clean_text("consumer", consumer, required=True, max_length=CONSUMER_MAX),
         message_id=clean_message_id(message_id),
-        event_type=storable(event_type or "unknown")[:TEXT_MAX],
-        source=storable(source or "")[:TEXT_MAX],
-        key=storable(key or "")[:TEXT_MAX],
+        event_type=cut(storable(event_type or "unknown"), TEXT_MAX),
+        source=_whole_or_blank(source),
+        key=_whole_or_blank(key),
         sequence=_sequence_or_none(sequence),
         payload=_encode_or_note("payload", payload, max_bytes),
         headers=_encode_or_note(
@@ -117,6 +119,11 @@ def store_dead(
         ),
     )
     return _insert_dead(row, reason, error_type, inbox_settings.database)
+
+
+def _whole_or_blank(value: str | None) -> str:
+    text = storable(value or "")
+    return text if len(text) <= TEXT_MAX else ""
 
 
 def _sequence_or_none(value: Any) -> int | None:

@@ -112,8 +112,9 @@ class Intake:
             "message_id": envelope.message_id,
             "event_type": envelope.event_type or "unknown",
             "headers": envelope.headers,
-            "source": envelope.source[:255],
-            "key": envelope.key[:255],
+            # Never cut: two keys sharing their first 255 characters would become one.
+            "source": envelope.source,
+            "key": envelope.key,
             "sequence": envelope.sequence,
         }
 

@@ -108,6 +108,51 @@ def test_a_row_whose_error_cannot_be_stored_does_not_kill_the_consumer(
     assert InboxMessage.objects.get(message_id="m-1").status == Status.COMPLETED
 
 
+def test_keys_longer_than_the_column_are_never_cut_into_one(
+    manage: Manage, broker: str, queue: str
+) -> None:
+    """Two aggregates whose keys share their first 255 characters stay two: each message is
+    kept ``dead`` with the reason, neither is applied under the other's key nor skipped."""
+    prefix = "CASE-" + "x" * 250
+    first, second = prefix + "-first", prefix + "-second"
+    brokers.publish(
+        broker,
+        queue,
+        [
+            {"id": "long-1", "type": "ordered.apply", "body": {},
+             "headers": {"partition_key": first, "sequence": 1}},
+            {"id": "long-2", "type": "ordered.apply", "body": {},
+             "headers": {"partition_key": second, "sequence": 1}},
+            {"id": "long-source", "type": "ordered.apply", "body": {},
+             "headers": {"ce-source": "s" * 256, "partition_key": "short", "sequence": 1}},
+        ],
+    )  # fmt: skip
+    env = {"INBOX_BROKER_TRANSPORT_OPTIONS": json.dumps(brokers.options_for(broker))}
+    proc = manage(
+        "inbox_consume", "--consumer", "ordered", "--queue", queue, "--broker", broker,
+        "--until-idle", "2", env=env,
+    )  # fmt: skip
+    _out, err = proc.communicate(timeout=120)
+
+    assert proc.returncode == 0, err[-3000:]
+    assert brokers.queue_depth(broker, queue) == 0
+    rows = {row.message_id: row for row in InboxMessage.objects.filter(consumer="ordered")}
+    for message_id, length in (("long-1", 261), ("long-2", 262)):
+        row = rows[message_id]
+        assert row.status == Status.DEAD
+        assert row.last_error == (
+            f"InvalidField: key is {length} characters long; the limit is 255"
+        )
+        assert row.key == "", "never a cut key: it could be another aggregate's"
+        assert row.headers["partition_key"] in (first, second), "what arrived is kept"
+    assert rows["long-source"].status == Status.DEAD
+    assert rows["long-source"].source == ""
+    assert "source is 256 characters long" in rows["long-source"].last_error
+    from effects.models import OrderedRun
+
+    assert not OrderedRun.objects.exists(), "no handler ran under a merged key"
+
+
 # --- a new user's mistakes ---------------------------------------------------------------
 
 
