@@ -38,7 +38,15 @@ from .models import InboxMessage
 from .outcomes import Outcome
 from .registry import Handler, registry
 from .retry import RetryPolicy
-from .rows import NewRow, fresh, insert, insert_or_status, materialise, prepare
+from .rows import (
+    NewRow,
+    fresh,
+    insert,
+    insert_or_status,
+    materialise,
+    once_more_if_index_changed,
+    prepare,
+)
 from .storing import unhandled
 
 logger = logging.getLogger("django_inbox")
@@ -114,7 +122,9 @@ def deliver(
     using = inbox_settings.database
     if interruptions.pending():
         give_back_interrupted(using)
-    return deliver_row(row, using, redelivered=redelivered)
+    return once_more_if_index_changed(
+        using, lambda: deliver_row(row, using, redelivered=redelivered)
+    )
 
 
 def deliver_row(

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Unpack
+from typing import TypeVar, Unpack
+
+from django.db import connections
 
 from . import events
 from .conf import inbox_settings
@@ -20,8 +22,11 @@ from .text import storable_json
 from .validation import CONSUMER_MAX, clean_message_id, clean_sequence, clean_text, encode_json
 
 __all__ = [
-    "NewRow", "fresh", "insert", "insert_completed", "insert_or_status", "materialise", "prepare",
+    "NewRow", "fresh", "insert", "insert_completed", "insert_or_status", "materialise",
+    "once_more_if_index_changed", "prepare",
 ]  # fmt: skip
+
+T = TypeVar("T")
 
 
 def prepare(**message: Unpack[MessageFields]) -> NewRow:
@@ -51,6 +56,19 @@ def prepare(**message: Unpack[MessageFields]) -> NewRow:
         payload=encode_json("payload", message["payload"], max_bytes=max_bytes),
         headers=encode_json("headers", cleaned_headers, max_bytes=max_bytes),
     )
+
+
+def once_more_if_index_changed(using: str, call: Callable[[], T]) -> T:
+    """``call()``, sent once more if the inbox's identity index changed under this process
+    (:class:`~django_inbox.db.statements.IdentityIndexChanged`: nothing was committed, and the
+    statements are built again). Only outside the caller's own transaction: inside it, the
+    transaction is lost, and the error goes to the caller, whose sender delivers again."""
+    try:
+        return call()
+    except statements.IdentityIndexChanged:
+        if connections[using].in_atomic_block:
+            raise
+        return call()
 
 
 def fresh(row: NewRow) -> NewRow:

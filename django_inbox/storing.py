@@ -54,11 +54,15 @@ def store(
         headers=headers, source=source, key=key, sequence=sequence,
     )  # fmt: skip
     using = inbox_settings.database
-    if registry.get(row.consumer, row.event_type) is None:
-        return unhandled(row, using) is not None
-    now = timezone.now()
-    row.next_attempt_at = now
-    return rows.insert(row, now, using) is not None
+
+    def insert() -> bool:
+        if registry.get(row.consumer, row.event_type) is None:
+            return unhandled(row, using) is not None
+        now = timezone.now()
+        row.next_attempt_at = now
+        return rows.insert(row, now, using) is not None
+
+    return rows.once_more_if_index_changed(using, insert)
 
 
 def unhandled(row: NewRow, using: str) -> Outcome | None:

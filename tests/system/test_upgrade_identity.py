@@ -145,3 +145,96 @@ def test_upgrade_to_the_digest_index_and_back(
     assert _unique_indexes(url) == {"django_inbox_unique_consumer_message": True}
     assert not _insert(url, OLD_INSERT, "orders", "new-1")
     assert _insert(url, OLD_INSERT, "orders", "old-2")
+
+
+#: A process of this release that stays up while migrations run: each line it reads names a
+#: call (``store``, ``deliver`` or ``store-in-transaction``) and a message id; it answers with
+#: the result or the error's type, and ``error`` for anything else.
+RUNNING = """
+import sys
+import django
+django.setup()
+from django.db import transaction
+from django_inbox import deliver, store
+for line in sys.stdin:
+    call, message_id = line.split()
+    args = dict(consumer="effects", message_id=message_id, event_type="effect.write", payload={})
+    try:
+        if call == "store":
+            result = store(**args)
+        elif call == "deliver":
+            result = deliver(**args).value
+        else:
+            with transaction.atomic():
+                result = store(**args)
+    except Exception as exc:
+        result = type(exc).__name__
+    print(result, flush=True)
+"""
+
+
+class Running:
+    """A running process of this release: ``call()`` sends it one call and reads the answer."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", RUNNING], env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    def call(self, call: str, message_id: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{call} {message_id}\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def test_processes_that_stay_up_while_the_digest_index_is_rolled_back_and_forward(
+    manage: Callable[..., Popen[str]], upgrade_db: str, subprocess_env: dict[str, str]
+) -> None:
+    """The upgrading how-to's "going back" migrates back past 0010 while this release's
+    processes run: their inserts named the digest index, which is gone. Each finds out at
+    its next insert, builds its statements again and goes on; only a call inside a
+    transaction of the caller's own fails, once. Duplicates stay duplicates throughout."""
+    url = upgrade_db
+    _migrate(manage, url)
+    env = {**subprocess_env, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings"}
+    alone, in_transaction = Running(env), Running(env)
+    try:
+        assert alone.call("store", "a-1") == "True"
+        assert alone.call("deliver", "a-2") == "processed"
+        assert in_transaction.call("store-in-transaction", "t-1") == "True"
+
+        _migrate(manage, url, "django_inbox", "0009")
+        assert _unique_indexes(url) == {"django_inbox_unique_consumer_message": True}
+
+        assert alone.call("deliver", "a-3") == "processed", "sent again, built for the table"
+        assert alone.call("store", "a-4") == "True"
+        assert alone.call("store", "a-1") == "False", "a duplicate is still a duplicate"
+        assert alone.call("deliver", "a-2") == "duplicate"
+        # Inside the caller's transaction the statement cannot be sent again: one error...
+        assert in_transaction.call("store-in-transaction", "t-2") == "IdentityIndexChanged"
+        # ... and the next call is built for the table as it is.
+        assert in_transaction.call("store-in-transaction", "t-2") == "True"
+        assert in_transaction.call("store-in-transaction", "t-1") == "False"
+
+        _migrate(manage, url)  # forward again, the processes still up
+        assert _unique_indexes(url) == {"django_inbox_identity_idx": True}
+        assert alone.call("store", "a-5") == "True"
+        assert alone.call("store", "a-5") == "False"
+        assert in_transaction.call("store-in-transaction", "t-3") == "True"
+        assert in_transaction.call("store-in-transaction", "t-3") == "False"
+    finally:
+        alone.close()
+        in_transaction.close()
+    with psycopg.connect(url) as conn:
+        found = conn.execute(f"SELECT message_id FROM {TABLE} ORDER BY message_id").fetchall()
+    assert [m for (m,) in found] == ["a-1", "a-2", "a-3", "a-4", "a-5", "t-1", "t-2", "t-3"]

@@ -20,13 +20,14 @@ a generic plan that cannot use the partial indexes (a claim took 165 ms at 1M ro
 from __future__ import annotations
 
 from .claiming import claim_fresh, claim_fresh_sql, claim_message, complete
-from .common import NewRow
+from .common import IdentityIndexChanged, NewRow
 from .hot import current_status, current_status_sql, insert, insert_completed, insert_or_status
 from .keys import lock_and_apply, lock_key
 from .ordered import Taken, advance, complete_ordered, lock_apply_complete, set_aside
 from .upkeep import delete_selected, distinct_consumers, estimated_rows, update_appending_history
 
 __all__ = [
+    "IdentityIndexChanged",
     "NewRow",
     "Taken",
     "advance",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from ...models import InboxMessage
 from ..identity import digest_params, digest_sql
@@ -93,12 +93,48 @@ def conflict_target(quote: Any, vendor: str, using: str) -> str:
     duplicate at the constraint as an error (a unique violation, not a duplicate), so while
     the constraint is there the target is left out and any unique index decides, as in the
     releases before 0010. Looked up once per process and database: a process that saw the
-    constraint keeps leaving the target out after 0011 (still correct) until it restarts."""
+    constraint keeps leaving the target out after 0011 (still correct) until it restarts; a
+    process whose target no longer matches (a migration reversed under it) looks it up again
+    at its first failed insert (:func:`identity_index_changed`)."""
     if vendor != "postgresql":
         return f"({quote('consumer')}, {quote('message_id')})"
     if pair_constraint_exists(using):
         return ""
     return f"(({digest_sql(quote('consumer'), quote('message_id'))}))"
+
+
+class IdentityIndexChanged(DatabaseError):
+    """The unique index that deduplicates was built or dropped under this running process (a
+    migration applied or reversed: see the upgrading how-to). The insert's ``ON CONFLICT``
+    target has been looked up again; sent again, the statement succeeds. Nothing committed."""
+
+
+#: SQLSTATE of "no unique or exclusion constraint matching the ON CONFLICT specification".
+NO_CONFLICT_TARGET = "42P10"
+UNIQUE_VIOLATION = "23505"
+
+
+def identity_index_changed(exc: BaseException, using: str) -> None:
+    """Raise :class:`IdentityIndexChanged` if ``exc``, raised by an insert, says the table's
+    identity index is not the one this process looked up: the digest index it names is gone
+    (0010 reversed), or the pair's constraint it left out is back (0011 reversed) and met a
+    concurrent duplicate. The lookup is forgotten first, so every statement after it is
+    built for the table as it is now."""
+    cause = exc.__cause__ or exc
+    sqlstate = getattr(cause, "sqlstate", None)
+    named = getattr(getattr(cause, "diag", None), "constraint_name", None)
+    if sqlstate == NO_CONFLICT_TARGET or (
+        sqlstate == UNIQUE_VIOLATION
+        and named == PAIR_CONSTRAINT
+        and _pair_constraint.get(using) is False
+    ):
+        _pair_constraint.pop(using, None)
+        for key in [key for key in sql_cache if key[0] == using]:
+            del sql_cache[key]
+        raise IdentityIndexChanged(
+            "the inbox's unique index changed under this process (a migration of django_inbox "
+            "was applied or reversed while it ran); the statement is built again"
+        ) from exc
 
 
 def pair_constraint_exists(using: str) -> bool:

@@ -5,10 +5,12 @@ completion are in :mod:`.claiming`."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 
 from ...models import InboxMessage
 from .. import preparing
@@ -19,6 +21,7 @@ from .common import (
     Status,
     cached_sql,
     conflict_target,
+    identity_index_changed,
     identity_params,
     identity_sql,
     quote_of,
@@ -97,7 +100,7 @@ def insert(row: NewRow, now: datetime, using: str) -> int | None:
     if connection.vendor not in ("postgresql", "sqlite"):
         return _insert_with_savepoint(row, now, using)
     shape, params = _shape(row, now, connection)
-    with preparing.cursor(using) as cursor:
+    with _inserting(using), preparing.cursor(using) as cursor:
         cursor.execute(_insert_sql(using, shape, False), params)
         found = cursor.fetchone()
     return None if found is None else int(found[0])
@@ -118,13 +121,25 @@ def insert_or_status(row: NewRow, now: datetime, using: str) -> tuple[int | None
         pk = insert(row, now, using)
         return (pk, None) if pk is not None else (None, current_status(*_key(row), using))
     shape, params = _shape(row, now, connection)
-    with preparing.cursor(using) as cursor:
+    with _inserting(using), preparing.cursor(using) as cursor:
         cursor.execute(_insert_sql(using, shape, True), [*params, *identity_params(*_key(row))])
         found = cursor.fetchone()
     if found is None:
         return None, None  # committed after our snapshot: see the docstring
     pk, status = found
     return (int(pk), None) if pk is not None else (None, str(status))
+
+
+@contextmanager
+def _inserting(using: str) -> Iterator[None]:
+    """An insert whose failure may say that the identity index changed under this process:
+    then :class:`~.common.IdentityIndexChanged` is raised instead (see
+    :func:`~.common.identity_index_changed`)."""
+    try:
+        yield
+    except DatabaseError as exc:
+        identity_index_changed(exc, using)
+        raise
 
 
 def _key(row: NewRow) -> tuple[str, str]:
@@ -189,7 +204,7 @@ def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tupl
         + f" ON CONFLICT {conflict_target(quote, vendor, using)} DO NOTHING "
         f"RETURNING {quote('consumer')}, {quote('message_id')}, {quote('id')}"
     )
-    with connection.cursor() as cursor:
+    with _inserting(using), connection.cursor() as cursor:
         cursor.execute(sql, params)
         return {(consumer, message_id): int(pk) for consumer, message_id, pk in cursor.fetchall()}
 
