@@ -247,8 +247,10 @@ def sweep(using: str, *, now: datetime | None = None) -> int:
 
 
 def backoff(attempts: int) -> float:
-    """Seconds before the next attempt: exponential with full jitter, capped."""
-    ceiling = min(outbox_settings.backoff_max, outbox_settings.backoff_base * 2 ** (attempts - 1))
+    """Seconds before the next attempt: exponential with full jitter, capped. The doubling
+    stops at ``2.0 ** 1000``, a float (an ``int`` power of two past 1,024 bits is not one)."""
+    doublings = min(max(attempts - 1, 0), 1000)
+    ceiling = min(outbox_settings.backoff_max, outbox_settings.backoff_base * 2.0**doublings)
     return random.uniform(0, ceiling)
 
 

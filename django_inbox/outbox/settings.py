@@ -6,12 +6,16 @@ from __future__ import annotations
 from ..conf import inbox_settings
 from ..durations import to_seconds
 
+#: The most a row's ``attempts`` holds (a 32-bit column): a larger setting acts as this, so a
+#: row is dead before the next claim's ``attempts + 1`` fails in the database.
+ATTEMPTS_MAX = 2**31 - 1
+
 
 class OutboxSettings:
     @property
     def max_attempts(self) -> int:
-        """Publications of a row before it is ``dead``."""
-        return int(inbox_settings._get("INBOX_OUTBOX_MAX_ATTEMPTS"))
+        """Publications of a row before it is ``dead`` (at most :data:`ATTEMPTS_MAX`)."""
+        return min(int(inbox_settings._get("INBOX_OUTBOX_MAX_ATTEMPTS")), ATTEMPTS_MAX)
 
     @property
     def backoff_base(self) -> float:

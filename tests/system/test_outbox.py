@@ -4,6 +4,7 @@ and the relay publishing with confirms, marking rows sent, retrying and giving u
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -207,3 +208,28 @@ def test_rows_amqp_cannot_carry_are_dead_at_once_and_the_relay_goes_on(queue: st
     for message_id, said in ((bad_key, "over 255 bytes"), (big, "frames hold")):
         row = OutboxMessage.objects.get(message_id=message_id)
         assert row.status == Status.DEAD and said in row.last_error, row.last_error
+
+
+def test_a_row_failing_a_thousand_times_is_retried_not_the_end_of_the_relay() -> None:
+    """With a large INBOX_OUTBOX_MAX_ATTEMPTS, the backoff's doubling is capped before it
+    overflows a float (2 ** 1025 does not fit one): the row is retried within the cap."""
+    with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=10**6, INBOX_OUTBOX_BACKOFF_MAX=60):
+        message_id = publish("lost.event", {"n": 1}, routing_key="no-queue-has-this-name")
+        OutboxMessage.objects.filter(message_id=message_id).update(attempts=1100)
+        stats = relay().run()
+    row = OutboxMessage.objects.get()
+    assert (row.status, row.attempts) == (Status.PENDING, 1101)
+    assert stats.failed == {"pending": 1}
+    assert row.next_attempt_at <= row.updated_at + timedelta(seconds=60)
+
+
+def test_attempts_past_the_columns_range_end_the_row_dead_instead_of_the_relay() -> None:
+    """``attempts`` is a 32-bit column: a setting above it ends a row dead at its limit, where
+    the next claim's ``attempts + 1`` would raise in the database (and stop every relay)."""
+    with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=10**12):
+        message_id = publish("lost.event", {"n": 1}, routing_key="no-queue-has-this-name")
+        OutboxMessage.objects.filter(message_id=message_id).update(attempts=2**31 - 2)
+        relay().run()
+    row = OutboxMessage.objects.get()
+    assert (row.status, row.attempts) == (Status.DEAD, 2**31 - 1)
+    assert "giving up after 2147483647 attempts" in row.last_error
