@@ -15,6 +15,8 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
+from .amqp_guard import UNREADABLE
+
 JSON_CONTENT_TYPES = ("application/json", "text/json", "application/cloudevents+json")
 CLOUDEVENTS_STRUCTURED = "application/cloudevents+json"
 RAW_LIMIT = 64 * 1024
@@ -84,6 +86,8 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
     raw = message.body if isinstance(message.body, bytes) else str(message.body).encode()
 
     body, problem = _decode(raw, content_type, message.content_encoding)
+    if UNREADABLE in headers:  # the properties were lost (see amqp_guard)
+        problem = f"the message arrived without its properties: {headers[UNREADABLE]}"
     cloudevent = _structured_cloudevent(body, content_type)
     payload = body
     ce_attributes: dict[str, Any] = {}

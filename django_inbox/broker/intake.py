@@ -24,6 +24,7 @@ from ..registry import registry
 from ..rows import NewRow, prepare
 from ..storing import store, store_dead
 from ..text import exception_text, storable
+from . import amqp_guard
 from .envelope import Envelope, identity, raw_body
 
 logger = logging.getLogger("django_inbox")
@@ -84,6 +85,7 @@ class Intake:
         self.batching = batching
         self.envelope = envelope
         self.raw_limit = raw_limit
+        amqp_guard.install()  # before any frame is read: see its module
 
     def decide(self, message: Any, flush: Callable[[], object]) -> Decision:
         """Read and decide ``message``; raises only database errors (nothing committed).

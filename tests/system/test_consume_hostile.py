@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -230,3 +231,52 @@ def test_queue_is_required_and_the_start_line_says_what_was_declared(
     per_message = [line for line in out.splitlines() if line.startswith("v-1 ")]
     assert len(per_message) == 1 and "processed" in per_message[0] and "ms" in per_message[0]
     assert "{" not in per_message[0], "never the payload"
+
+
+@pytest.fixture
+def amqp_queue() -> Iterator[str]:
+    name = brokers.new_queue_name("hostile-amqp")
+    yield name
+    brokers.delete_queue(brokers.RABBITMQ, name)
+
+
+def test_amqp_headers_nested_past_python_are_refused_or_kept_dead_never_a_loop(
+    manage: Manage, amqp_queue: str
+) -> None:
+    """py-amqp decodes header tables recursively, before any callback: a table nested a few
+    thousand levels deep broke its frame reader, the connection dropped and the broker
+    redelivered the message to the next one, for ever (or the consumer exited)."""
+    broker, queue = brokers.RABBITMQ, amqp_queue
+    deep: dict[str, object] = {"x": 1}
+    for _ in range(3000):
+        deep = {"x": deep}
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # py-amqp encodes recursively too (pure Python)
+    try:
+        brokers.publish(
+            broker,
+            queue,
+            [
+                {"id": "deep-headers", "type": "effect.write", "body": {"n": 1},
+                 "headers": {"deep": deep}},
+                {"type": "effect.write", "body": {"id": "body-id", "type": "effect.write"},
+                 "headers": {"deep": deep}},
+                {"id": "fine", "type": "effect.write", "body": {"n": 2}},
+            ],
+        )  # fmt: skip
+    finally:
+        sys.setrecursionlimit(limit)
+
+    proc = consume(manage, broker, queue, "--until-idle", "2")
+    out, err = proc.communicate(timeout=120)
+
+    assert proc.returncode == 0, err[-3000:]
+    assert "reconnects 0" in out
+    assert "refused 1" in out, "the message whose only id was in its lost properties"
+    assert brokers.queue_depth(broker, queue) == 0
+    rows = {row.message_id: row for row in InboxMessage.objects.filter(consumer="stream")}
+    assert set(rows) == {"body-id", "fine"}
+    assert rows["body-id"].status == Status.DEAD
+    assert "AMQP properties are nested too deeply" in rows["body-id"].last_error
+    assert json.loads(rows["body-id"].payload["raw"])["id"] == "body-id", "raw body kept"
+    assert rows["fine"].status == Status.COMPLETED

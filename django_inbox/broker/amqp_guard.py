@@ -1,0 +1,51 @@
+"""A guard for py-amqp's frame reader against headers nested past Python's recursion.
+
+py-amqp decodes a message's header table recursively, inside ``drain_events`` and before any
+callback of ours. A sender can nest a table a few thousand levels deep within one frame;
+decoding it raises ``RecursionError`` half-way through the message, the reader is left
+expecting its header again, the connection breaks on the body, and the broker redelivers the
+message to the next connection: ``inbox_consume`` would spin on it for ever (or exit, and be
+restarted onto it).
+
+:func:`install` makes the reader use :class:`GuardedMessage`, whose header decoding turns that
+``RecursionError`` into a message whose properties are one header, :data:`UNREADABLE`, saying
+so. The envelope reader takes that for a problem: with an id in its body the message is kept
+``dead`` with its raw body and the reason, without one it is refused at the broker (rejected
+without requeue, to its dead-letter exchange); never run without its headers (its key and
+sequence are among them). The process-wide change is limited to this one failure: every
+other header is decoded as py-amqp decodes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from amqp import method_framing
+from amqp.basic_message import Message
+
+logger = logging.getLogger("django_inbox")
+
+#: The one header of a message whose properties could not be decoded, and why.
+UNREADABLE = "x-inbox-unreadable-properties"
+REASON = "its AMQP properties are nested too deeply to decode"
+
+
+class GuardedMessage(Message):  # type: ignore[misc]
+    """py-amqp's message, whose header table may fail to decode without breaking the reader."""
+
+    __slots__ = ()
+
+    def _load_properties(self, class_id: int, buf: Any, offset: int) -> int:
+        try:
+            return int(super()._load_properties(class_id, buf, offset))
+        except RecursionError:
+            # Set as py-amqp sets it (a slot of its base class).
+            self.properties = {"application_headers": {UNREADABLE: REASON}}  # type: ignore[misc]
+            logger.error("inbox_consume: a message arrived that cannot be read: %s", REASON)
+            return offset
+
+
+def install() -> None:
+    """Make py-amqp's frame reader build :class:`GuardedMessage` (idempotent)."""
+    method_framing.Message = GuardedMessage
