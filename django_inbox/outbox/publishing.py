@@ -11,20 +11,17 @@ from django.utils import timezone
 
 from ..conf import inbox_settings
 from ..db import on_commit, preparing
-from ..exceptions import InvalidField, InvalidPayload
+from ..exceptions import InvalidField, InvalidPayload, PayloadTooLarge
 from ..side_effects import current_message, side_effect
 from ..validation import clean_text, encode_json
+from . import headers as amqp_headers
+from .headers import HEADERS_MAX_BYTES as HEADERS_MAX_BYTES
+from .headers import SHORT_MAX_BYTES
+from .headers import TRACE_HEADERS as TRACE_HEADERS
 
 #: Headers the outbox sets on each publication (a caller's own headers keep other names).
 CAUSATION_CONSUMER = "x-causation-consumer"
 CAUSATION_ID = "x-causation-id"
-#: AMQP's limit for a short string: exchange, routing key, type, header names (in bytes).
-SHORT_MAX_BYTES = 255
-#: Headers travel in the message's properties, which must fit one AMQP frame (128 KiB by
-#: default, RabbitMQ's ``frame_max``): well below it.
-HEADERS_MAX_BYTES = 64 * 1024
-#: Trace context passed on from the inbox message a handler publishes from (W3C, B3).
-TRACE_HEADERS = ("traceparent", "tracestate", "baggage", "b3", "x-b3-traceid", "x-b3-spanid")
 
 
 @side_effect(name="django_inbox.outbox.publish")
@@ -58,20 +55,23 @@ def publish(
         raise InvalidPayload(f"headers must be a mapping, got {type(headers).__name__}")
     limit = inbox_settings.max_payload_bytes
     body = encode_json("payload", payload, max_bytes=limit)
-    sent_headers: dict[str, Any] = dict(headers or {})
+    sent_headers = amqp_headers.own(headers or {})
     cause = current_message()
     consumer = cause_id = ""
+    encoded_headers = None
     if cause is not None:
         consumer, cause_id = cause.consumer, cause.message_id
         sent_headers.setdefault(CAUSATION_CONSUMER, consumer)
         sent_headers.setdefault(CAUSATION_ID, cause_id)
-        for name in TRACE_HEADERS:
-            value = (cause.headers or {}).get(name)
-            if value is not None:
-                sent_headers.setdefault(name, value)
-    encoded_headers = encode_json("headers", sent_headers, max_bytes=HEADERS_MAX_BYTES)
-    for name in sent_headers:
-        _short("a header name", name)
+        trace = amqp_headers.carried(cause.headers, sent_headers)
+        if trace:
+            try:
+                encoded_headers = amqp_headers.encode({**sent_headers, **trace})
+            except PayloadTooLarge:  # the caller's own headers come first
+                for name in trace:
+                    amqp_headers.dropped(name, "with it the headers would pass their limit")
+    if encoded_headers is None:
+        encoded_headers = amqp_headers.encode(sent_headers)
     message_id = str(uuid.uuid4())
     _insert(
         [message_id, event_type, body, encoded_headers, exchange, routing_key, key],

@@ -20,6 +20,7 @@ from tests import brokers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = OutboxMessage.Status
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def test_a_handler_publishing_records_its_message_as_the_cause(queue: str) -> No
     try:
         deliver(
             consumer="outbox-cause", message_id="in-1", event_type="order.paid",
-            payload={"order": 7}, headers={"traceparent": "00-abc-def-01"},
+            payload={"order": 7}, headers={"traceparent": TRACEPARENT},
         )  # fmt: skip
     finally:
         from django_inbox.registry import registry
@@ -105,7 +106,7 @@ def test_a_handler_publishing_records_its_message_as_the_cause(queue: str) -> No
     assert body == {"order": 7}
     assert headers["x-causation-consumer"] == "outbox-cause"
     assert headers["x-causation-id"] == "in-1"
-    assert headers["traceparent"] == "00-abc-def-01"
+    assert headers["traceparent"] == TRACEPARENT
 
 
 def test_an_unroutable_message_is_not_sent_and_ends_dead_after_its_attempts() -> None:
@@ -184,8 +185,10 @@ def test_messages_the_broker_nacks_are_not_sent() -> None:
 
 
 def test_a_header_amqp_cannot_carry_is_dead_at_once_and_its_batch_goes_on(queue: str) -> None:
+    """A row written past publish()'s checks (by an older release, or by hand)."""
     publish("a", {"n": 1}, routing_key=queue)
-    publish("b", {"n": 2}, routing_key=queue, headers={"huge": 2**70})
+    huge = publish("b", {"n": 2}, routing_key=queue)
+    OutboxMessage.objects.filter(message_id=huge).update(headers={"huge": 2**70})
     publish("c", {"n": 3}, routing_key=queue)
     stats = relay().run()
     refused = OutboxMessage.objects.get(event_type="b")
@@ -233,3 +236,44 @@ def test_attempts_past_the_columns_range_end_the_row_dead_instead_of_the_relay()
     row = OutboxMessage.objects.get()
     assert (row.status, row.attempts) == (Status.DEAD, 2**31 - 1)
     assert "giving up after 2147483647 attempts" in row.last_error
+
+
+def test_what_publish_accepts_at_amqps_limits_the_broker_takes(queue: str) -> None:
+    """publish()'s checks are AMQP's: the extreme values it lets through are sent."""
+    edges = {
+        "max": 2**63 - 1, "min": -(2**63), "é" * 127 + "x": {"k" * 255: [None, 1.5, True]},
+        "": "empty name", "list": [[], {}], "text": "x" * 60_000,
+    }  # fmt: skip
+    publish("edge", {}, routing_key=queue, headers=edges)
+    stats = relay().run()
+    assert stats.sent == 1 and not stats.failed
+    [(_, headers, _)] = received(queue)
+    assert headers == edges
+
+
+def test_hostile_trace_headers_of_the_cause_are_dropped_and_the_event_is_sent(queue: str) -> None:
+    """A 100 KB baggage made the event too large for its headers, and a traceparent of 2**64
+    left a row the relay could never send: both are dropped, the rest goes out."""
+
+    @inbox_handler("order.paid", consumer="outbox-trace")
+    def on_paid(message: Any) -> None:
+        publish("receipt.due", {"order": 1}, routing_key=queue)
+
+    hostile = {"traceparent": 2**64, "tracestate": "a=b", "baggage": "k=" + "v" * 100_000}
+    try:
+        for n, headers in enumerate([hostile, {**hostile, "traceparent": TRACEPARENT}]):
+            outcome = deliver(
+                consumer="outbox-trace", message_id=f"in-{n}", event_type="order.paid",
+                payload={}, headers=headers,
+            )  # fmt: skip
+            assert outcome == "processed"
+    finally:
+        from django_inbox.registry import registry
+
+        registry.unregister("outbox-trace", "order.paid")
+    stats = relay().run()
+    assert stats.sent == 2 and not stats.failed
+    first, second = (headers for _, headers, _ in received(queue))
+    assert not {"traceparent", "tracestate", "baggage"} & set(first)
+    assert (second["traceparent"], second["tracestate"]) == (TRACEPARENT, "a=b")
+    assert "baggage" not in second

@@ -164,13 +164,13 @@ def test_publish_is_a_side_effect_suppressed_in_a_suppressing_rerun() -> None:
 
 
 def test_publish_refuses_what_amqp_cannot_carry() -> None:
-    from django_inbox import InvalidField, PayloadTooLarge
+    from django_inbox import InvalidField, InvalidPayload, PayloadTooLarge
 
     with pytest.raises(InvalidField, match="bytes of UTF-8"):
         publish("t", {}, routing_key="é" * 200)
     with pytest.raises(InvalidField, match="bytes of UTF-8"):
         publish("t", {}, routing_key="q", exchange="é" * 200)
-    with pytest.raises(InvalidField, match="header name"):
+    with pytest.raises(InvalidPayload, match=r"header name 'hhh.* is 300 bytes"):
         publish("t", {}, routing_key="q", headers={"h" * 300: 1})
     with pytest.raises(PayloadTooLarge):
         publish("t", {}, routing_key="q", headers={"big": "x" * 70_000})
