@@ -49,6 +49,10 @@ class BrokerGone(Exception):
         self.result = result or BatchResult()
 
 
+class BrokerUnreachable(Exception):
+    """The broker was never reached within the relay's ``wait_for_broker`` seconds."""
+
+
 class Publisher:
     """One connection and one confirm-mode channel to an AMQP broker (kombu's ``pyamqp``)."""
 

@@ -24,8 +24,9 @@ from django.db import DatabaseError, connections
 from ..conf import inbox_settings
 from ..db.connection import connection_lost
 from ..shutdown import Shutdown
-from . import rows
-from .publisher import BrokerGone, Publisher
+from . import rows, services
+from .progress import PROGRESS_EVERY, Progress, describe, masked
+from .publisher import BrokerGone, BrokerUnreachable, Publisher
 from .settings import outbox_settings
 
 logger = logging.getLogger("django_inbox.outbox")
@@ -49,11 +50,22 @@ class RelayStats:
     #: Connections to the broker lost (and made again).
     reconnects: int = 0
     batches: int = 0
+    #: Whether the broker was reached at all (``until_idle`` may end a run that never did,
+    #: when nothing was pending).
+    reached: bool = False
 
 
 class Relay:
     """Publish the outbox until stopped, idle for ``until_idle`` seconds, or ``max_messages``
-    rows were sent."""
+    rows were sent.
+
+    Idle means nothing was claimed; while the broker cannot be reached, it means nothing is
+    pending at all (rows waiting for the broker are work, not idleness). ``wait_for_broker``:
+    raise :class:`BrokerUnreachable` if the broker was not reached within this many seconds
+    of starting (``None`` waits for ever); once reached, a lost broker is always waited for.
+    ``progress``: called with the lines of :class:`~.progress.Progress` (at most one every
+    ``progress_every`` seconds).
+    """
 
     def __init__(
         self,
@@ -66,15 +78,22 @@ class Relay:
         transport_options: dict[str, Any] | None = None,
         using: str | None = None,
         publisher_factory: Callable[[], Publisher] | None = None,
+        wait_for_broker: float | None = None,
+        progress: Callable[[str], None] | None = None,
+        progress_every: float = PROGRESS_EVERY,
     ) -> None:
         self.broker_url = broker_url
+        #: The broker's URL without its password: what log lines and messages show.
+        self.broker = masked(broker_url)
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.until_idle = until_idle
         self.max_messages = max_messages
+        self.wait_for_broker = wait_for_broker
         self.using = using or inbox_settings.database
         self.shutdown = Shutdown()
         self.stats = RelayStats()
+        self.progress = Progress(progress, self.broker, progress_every)
         self._factory = publisher_factory or (
             lambda: Publisher(
                 broker_url,
@@ -83,17 +102,24 @@ class Relay:
             )
         )
         self._publisher: Publisher | None = None
+        self._last_error: BaseException | None = None
         self._reconnect_delay = RECONNECT_FIRST
         self._swept_at: float | None = None
         self._sweep_every = SWEEP_EVERY
 
     def run(self) -> RelayStats:
-        idle_since = time.monotonic()
+        started = idle_since = time.monotonic()
         try:
             while not self.shutdown.requested and not self._enough():
-                if not self._connected():
-                    continue
                 try:
+                    if not self._connected():
+                        if self.until_idle is not None and services.anything_pending(self.using):
+                            idle_since = time.monotonic()  # work waits for the broker
+                        elif self._idle(idle_since):
+                            break
+                        self._give_up_unless_reached(started)
+                        self._back_off()
+                        continue
                     self._sweep()
                     done = self.run_once()
                 except DatabaseError as exc:
@@ -102,19 +128,39 @@ class Relay:
                     # The database went away: what was claimed comes back after its lease.
                     logger.warning("outbox relay: lost the database (%s); retrying", exc)
                     connections[self.using].close()
-                    self.shutdown.wait(self._reconnect_delay)
-                    self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
+                    self._back_off()
                     continue
+                self.progress.tick(self.stats.sent, self.stats.failed)
                 if done:
                     idle_since = time.monotonic()
                     continue
-                if self.until_idle is not None and time.monotonic() - idle_since >= self.until_idle:
+                if self._idle(idle_since):
                     break
                 self.shutdown.wait(self.poll_interval)
         finally:
             if self._publisher is not None:
                 self._publisher.close()
         return self.stats
+
+    def _idle(self, since: float) -> bool:
+        return self.until_idle is not None and time.monotonic() - since >= self.until_idle
+
+    def _back_off(self) -> None:
+        self.shutdown.wait(self._reconnect_delay)
+        self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
+
+    def _give_up_unless_reached(self, started: float) -> None:
+        """Raise :class:`BrokerUnreachable` once ``wait_for_broker`` has passed without the
+        broker ever answering: a wrong host or port is a configuration error."""
+        waited = time.monotonic() - started
+        if self.stats.reached or self.wait_for_broker is None or waited < self.wait_for_broker:
+            return
+        raise BrokerUnreachable(
+            f"could not reach the broker at {self.broker} within {waited:.0f}s "
+            f"({describe(self._last_error) if self._last_error else 'no answer'}); "
+            f"{services.pending_count(self.using)} outbox "
+            "row(s) pending; check the URL, or wait longer with --wait-for-broker"
+        )
 
     def _sweep(self) -> None:
         """Now and then (and first thing), release held rows that nothing else released: the
@@ -139,6 +185,8 @@ class Relay:
         return self.max_messages is not None and self.stats.sent >= self.max_messages
 
     def _connected(self) -> bool:
+        """Connected to the broker, or connecting now; ``False`` (said and logged) if it
+        cannot be reached. The caller backs off."""
         if self._publisher is not None:
             return True
         publisher = self._factory()
@@ -146,16 +194,18 @@ class Relay:
             publisher.open()
         except Exception as exc:
             publisher.close()
+            self._last_error = exc
             logger.warning(
-                "outbox relay: broker unreachable (%s); retrying in %.1fs",
-                exc, self._reconnect_delay,
+                "outbox relay: broker %s unreachable (%s); retrying in %.1fs",
+                self.broker, describe(exc), self._reconnect_delay,
             )  # fmt: skip
-            self.shutdown.wait(self._reconnect_delay)
-            self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
+            self.progress.unreachable(exc, lambda: services.pending_count(self.using))
             return False
         # The delay goes back to its first value after a batch settles, not on connecting: a
         # connection that the broker drops at every batch still backs off.
         self._publisher = publisher
+        self.stats.reached = True
+        self.progress.reached()
         return True
 
     def run_once(self) -> int:
@@ -182,14 +232,13 @@ class Relay:
                 [row.pk for row in claimed if row.pk not in settled], lease_id, self.using
             )
             logger.warning(
-                "outbox relay: lost the broker (%s); reconnecting in %.1fs",
-                gone, self._reconnect_delay,
+                "outbox relay: lost the broker %s (%s); reconnecting in %.1fs",
+                self.broker, gone, self._reconnect_delay,
             )  # fmt: skip
             self._publisher.close()
             self._publisher = None
             self.stats.reconnects += 1
-            self.shutdown.wait(self._reconnect_delay)
-            self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
+            self._back_off()
             return len(claimed)
         by_pk = {row.pk: row for row in claimed}
         self.stats.sent += rows.mark_sent(

@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import DatabaseError
 from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 
 from ..conf import inbox_settings
 from ..db import statements
 from ..db.aside import with_status
+from ..db.connection import table_exists
 from .models import OutboxMessage
 from .settings import outbox_settings
 
@@ -41,6 +43,32 @@ def replay(rows: QuerySet[OutboxMessage]) -> int:
     if keyed:
         sweep(using, now=now)
     return changed + keyed
+
+
+#: The outbox's table.
+TABLE = OutboxMessage._meta.db_table
+
+
+def migrated(using: str | None = None) -> bool | None:
+    """Whether the outbox's table exists (``migrate`` was run); ``None`` when the database
+    cannot be asked (a relay waits for it)."""
+    try:
+        return table_exists(using or inbox_settings.database, TABLE)
+    except DatabaseError:
+        return None
+
+
+def pending_count(using: str | None = None) -> int:
+    """How many rows are ``pending`` (counted over their partial index)."""
+    rows = OutboxMessage.objects.using(using or inbox_settings.database)
+    return rows.filter(status=Status.PENDING).count()
+
+
+def anything_pending(using: str | None = None) -> bool:
+    """Whether any row is ``pending``, due or not: what a relay that cannot reach its broker
+    asks before it calls itself idle."""
+    rows = OutboxMessage.objects.using(using or inbox_settings.database)
+    return rows.filter(status=Status.PENDING).exists()
 
 
 #: Above this many rows (PostgreSQL's estimate), ``sent`` rows are estimated, not counted.

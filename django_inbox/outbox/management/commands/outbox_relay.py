@@ -6,7 +6,14 @@ from django.core.management.base import CommandError, CommandParser
 
 from ....conf import inbox_settings
 from ....management.base import MISCONFIGURED, InboxCommand, add_stop_options, seconds
-from ...relay import Relay
+from ... import services
+from ...progress import PROGRESS_EVERY, start_line
+from ...publisher import BrokerUnreachable
+from ...relay import Relay, RelayStats
+
+#: How long a broker that was never reached is tried before the command gives up (as
+#: ``inbox_consume``'s).
+WAIT_FOR_BROKER = 30.0
 
 
 class Command(InboxCommand):
@@ -15,7 +22,8 @@ class Command(InboxCommand):
         "relays share the work), publish them to the AMQP broker with publisher confirms "
         "(persistent, mandatory), and mark them sent once confirmed. Runs until stopped "
         "(SIGTERM/SIGINT: finish the batch, exit 0; a second signal exits 1). Exit codes: 0 "
-        "stopped normally, 1 interrupted, 2 misconfigured."
+        "stopped normally, 1 interrupted, 2 misconfigured (no broker, not AMQP, a broker never "
+        "reached within --wait-for-broker, the outbox's table missing)."
     )
 
     waits_for_database = True
@@ -38,6 +46,28 @@ class Command(InboxCommand):
             metavar="SECONDS",
             help="Sleep between polls when nothing is pending.",
         )
+        parser.add_argument(
+            "--wait-for-broker",
+            type=seconds,
+            default=WAIT_FOR_BROKER,
+            metavar="DURATION",
+            help=(
+                "Give up with exit 2 if the broker cannot be reached within this long of "
+                f"starting (default {WAIT_FOR_BROKER:.0f}s); 0 waits for ever. A broker lost "
+                "after it was reached is always waited for."
+            ),
+        )
+        parser.add_argument(
+            "--progress-every",
+            type=seconds,
+            default=PROGRESS_EVERY,
+            metavar="DURATION",
+            help=(
+                "Print what was sent and failed since the last such line, at most this often "
+                f"and only when something was (default {PROGRESS_EVERY:.0f}s); -v 0 prints "
+                "nothing."
+            ),
+        )
         add_stop_options(parser, "published messages")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -51,12 +81,21 @@ class Command(InboxCommand):
                 raise CommandError(
                     f"--{name.replace('_', '-')} must be at least 1.", returncode=MISCONFIGURED
                 )
+        if options["progress_every"] <= 0:
+            raise CommandError("--progress-every must be more than 0.", returncode=MISCONFIGURED)
         if not broker.startswith(("amqp://", "amqps://", "pyamqp://")):
             raise CommandError(
                 f"outbox_relay publishes with AMQP publisher confirms; {broker.split(':')[0]}:// "
                 "is not an AMQP URL.",
                 returncode=MISCONFIGURED,
             )
+        if services.migrated() is False:
+            raise CommandError(
+                f"the outbox's table {services.TABLE!r} does not exist in database "
+                f"{inbox_settings.database!r}: run 'manage.py migrate' first",
+                returncode=MISCONFIGURED,
+            )
+        verbose = options["verbosity"] >= 1
         relay = Relay(
             broker,
             batch_size=options["batch_size"],
@@ -64,19 +103,39 @@ class Command(InboxCommand):
             until_idle=options["until_idle"],
             max_messages=options["max_messages"],
             transport_options=inbox_settings.broker_transport_options,
+            wait_for_broker=options["wait_for_broker"] or None,
+            progress=self.stderr.write if verbose else None,
+            progress_every=options["progress_every"],
         )
-        with relay.shutdown.handling_signals():
-            stats = relay.run()
-        if options["verbosity"] >= 1:
-            failed = sum(stats.failed.values())
-            outcome = (
-                f"; {failed} publication(s) failed ({stats.failed.get('pending', 0)} to be "
-                f"retried, {stats.failed.get('dead', 0)} dead)"
-                if failed
-                else ""
-            )
-            self.stdout.write(
-                f"outbox_relay: sent {stats.sent}"
-                + outcome
-                + (f", reconnected {stats.reconnects}x" if stats.reconnects else "")
-            )
+        if verbose:
+            self.stderr.write(start_line(relay))
+        try:
+            with relay.shutdown.handling_signals():
+                stats = relay.run()
+        except BrokerUnreachable as exc:
+            raise CommandError(f"{exc}.", returncode=MISCONFIGURED) from None
+        if verbose:
+            self.stdout.write(summary(stats, relay.broker))
+
+
+def summary(stats: RelayStats, broker: str) -> str:
+    """The line printed when the relay stops (a broker never reached, and what waits for it,
+    said too: ``--until-idle`` ends a relay that never reached it only when nothing was
+    pending, a signal at any time)."""
+    failed = sum(stats.failed.values())
+    outcome = (
+        f"; {failed} publication(s) failed ({stats.failed.get('pending', 0)} to be retried, "
+        f"{stats.failed.get('dead', 0)} dead)"
+        if failed
+        else ""
+    )
+    return (
+        f"outbox_relay: sent {stats.sent}"
+        + outcome
+        + (f", reconnected {stats.reconnects}x" if stats.reconnects else "")
+        + (
+            f"; the broker at {broker} was never reached, {services.pending_count()} pending"
+            if not stats.reached
+            else ""
+        )
+    )
