@@ -82,7 +82,7 @@ def encode(headers: dict[str, Any]) -> str:
         return "{}"
     text = encode_json("headers", headers, max_bytes=HEADERS_MAX_BYTES, bytes_setting=HEADERS_LIMIT)
     as_sent = json.loads(text)  # what the relay reads back: tuples are lists, keys text
-    _check_table(as_sent, "headers")
+    check_table(as_sent, "headers")
     from amqp.serialization import dumps
 
     try:
@@ -97,7 +97,7 @@ def encode(headers: dict[str, Any]) -> str:
     return text
 
 
-def _check_table(value: Any, path: str) -> None:
+def check_table(value: Any, path: str) -> None:
     """:class:`InvalidPayload` naming the first value under ``path`` AMQP cannot carry."""
     if isinstance(value, dict):
         for name, item in value.items():
@@ -108,10 +108,10 @@ def _check_table(value: Any, path: str) -> None:
                     f"{where} {_shown(name)} is {size} bytes of UTF-8; AMQP allows "
                     f"{SHORT_MAX_BYTES}"
                 )
-            _check_table(item, f"{path}[{_shown(name)}]")
+            check_table(item, f"{path}[{_shown(name)}]")
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _check_table(item, f"{path}[{index}]")
+            check_table(item, f"{path}[{index}]")
     elif isinstance(value, int) and not isinstance(value, bool) and not INT_MIN <= value <= INT_MAX:
         raise InvalidPayload(
             f"{path} is an integer of {value.bit_length()} bits; AMQP carries integers from "

@@ -21,10 +21,13 @@ from typing import Any
 from kombu.connection import Connection
 
 from ..db.json import UnreadableJSON
+from .headers import check_table
 from .rows import Claimed
 
 #: AMQP reply code of a returned (unroutable) message.
 NO_ROUTE = 312
+#: Seconds an exchange the broker said it has is trusted without asking again.
+EXCHANGE_CHECKED_FOR = 10.0
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Publisher:
         #: Tags published on this channel and not confirmed yet.
         self._unconfirmed: set[int] = set()
         self._returned: dict[str, str] = {}
+        #: Exchanges the broker said it has, and when.
+        self._exchanges: dict[str, float] = {}
 
     def open(self) -> None:
         """Connect (once; raises on failure) and open a confirm-mode channel."""
@@ -127,7 +132,11 @@ class Publisher:
         self._returned.clear()
         rows = list(rows)
         try:
+            missing = self._missing_exchanges(rows)
             for row in rows:
+                if row.exchange in missing:  # never published: the channel stays open
+                    result.failed[row.pk] = missing[row.exchange]
+                    continue
                 try:
                     message = _message(row, self._frame_max())
                 except Exception as exc:  # not encodable as AMQP: it never will be
@@ -152,17 +161,18 @@ class Publisher:
                     result.confirmed.append(row.pk)
             return result
         except amqp.exceptions.ChannelError as exc:
-            # The broker closed the channel (an exchange that does not exist, a refused
-            # message). Alone, the row is the one refused; in a batch, the rows without a
-            # confirm are published again one by one, so only the refused one fails.
+            # The broker closed the channel (an exchange deleted since it was checked, a
+            # refused message). Alone, the row is the one refused; in a batch, the rows without
+            # a confirm are published again one by one, so only the refused one fails (those
+            # the broker took before it, their confirms lost, go out twice).
+            self._exchanges.clear()
             confirmed = [
                 row.pk
                 for tag, row in tags.items()
                 if tag in self._acked and row.message_id not in self._returned
             ]
-            unconfirmed = [
-                row for row in rows if row.pk not in confirmed and row.pk not in result.unsendable
-            ]
+            settled = {*confirmed, *result.unsendable, *result.failed}
+            unconfirmed = [row for row in rows if row.pk not in settled]
             result.confirmed = confirmed
             self._reopen()
             if len(rows) == 1:
@@ -194,6 +204,28 @@ class Publisher:
             self._acked.difference_update(tags)
             self._nacked.difference_update(tags)
             self._unconfirmed.difference_update(tags)
+
+    def _missing_exchanges(self, rows: list[Claimed]) -> dict[str, str]:
+        """Why the broker refuses each exchange of ``rows`` that it does not have, asked with
+        a passive declare before anything is published: a publication to a missing exchange
+        closes the channel, and the confirms of the batch's earlier rows with it. An exchange
+        that exists is trusted for :data:`EXCHANGE_CHECKED_FOR` seconds; one that does not is
+        asked about again in every batch."""
+        import amqp
+
+        now = time.monotonic()
+        missing: dict[str, str] = {}
+        for name in dict.fromkeys(row.exchange for row in rows if row.exchange):
+            if now - self._exchanges.get(name, -EXCHANGE_CHECKED_FOR) < EXCHANGE_CHECKED_FOR:
+                continue
+            try:
+                self.channel.exchange_declare(name, "direct", passive=True)
+            except amqp.exceptions.ChannelError as exc:  # the broker closed the channel
+                missing[name] = f"refused by the broker: {exc}"
+                self._reopen()
+            else:
+                self._exchanges[name] = now
+        return missing
 
     def _frame_max(self) -> int:
         """The connection's negotiated frame size (AMQP's default if unknown)."""
@@ -241,7 +273,11 @@ def _message(row: Claimed, frame_max: int) -> Any:
         delivery_mode=2,
         application_headers=dict(row.headers),
     )
-    properties = message._serialize_properties()  # raises for a value AMQP cannot encode
+    try:
+        properties = message._serialize_properties()  # raises for a value AMQP cannot encode
+    except Exception:
+        check_table(row.headers, "headers")  # says which header and why (a row from before
+        raise  # publish() checked its headers), or py-amqp's own error if not that
     if len(properties) > frame_max - 64:
         raise ValueError(
             f"its headers take {len(properties)} bytes; the broker's frames hold {frame_max}"

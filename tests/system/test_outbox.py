@@ -4,6 +4,8 @@ and the relay publishing with confirms, marking rows sent, retrying and giving u
 from __future__ import annotations
 
 import json
+import uuid
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -193,7 +195,10 @@ def test_a_header_amqp_cannot_carry_is_dead_at_once_and_its_batch_goes_on(queue:
     stats = relay().run()
     refused = OutboxMessage.objects.get(event_type="b")
     assert refused.status == Status.DEAD and refused.attempts == 1
-    assert "cannot be published" in refused.last_error
+    assert refused.last_error.startswith(
+        "cannot be published: InvalidPayload: headers['huge'] is an integer of 71 bits; AMQP "
+        "carries integers from -2**63 to 2**63-1"
+    ), refused.last_error
     assert stats.sent == 2 and [p["type"] for p, _, _ in received(queue)] == ["a", "c"]
 
 
@@ -277,3 +282,33 @@ def test_hostile_trace_headers_of_the_cause_are_dropped_and_the_event_is_sent(qu
     assert not {"traceparent", "tracestate", "baggage"} & set(first)
     assert (second["traceparent"], second["tracestate"]) == (TRACEPARENT, "a=b")
     assert "baggage" not in second
+
+
+def test_a_row_for_a_missing_exchange_leaves_its_batch_mates_published_exactly_once(
+    queue: str,
+) -> None:
+    """The broker closes the channel over a publication to an exchange that does not exist;
+    the rows of the batch published before it lost their confirms and were published again
+    (all 20 of 20 twice in the issue's run). Counted at the queue, per message id."""
+    exchange = f"outbox-test-{uuid.uuid4().hex[:10]}"
+    with Connection(brokers.RABBITMQ) as connection:
+        channel = connection.default_channel
+        channel.exchange_declare(exchange, "direct", durable=False, auto_delete=False)
+        channel.queue_bind(queue, exchange, routing_key=queue)
+    try:
+        good = []
+        with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=3, INBOX_OUTBOX_BACKOFF_BASE=0.01):
+            for n in range(40):
+                if n in (10, 30):
+                    publish("bad", {"n": n}, routing_key=queue, exchange=f"missing-{exchange}")
+                named = exchange if n % 2 else ""
+                good.append(publish("good", {"n": n}, routing_key=queue, exchange=named))
+            stats = Relay(brokers.RABBITMQ, until_idle=1, poll_interval=0.01).run()
+        deliveries = Counter(p["message_id"] for p, _, _ in received(queue))
+    finally:
+        with Connection(brokers.RABBITMQ) as connection:
+            connection.default_channel.exchange_delete(exchange)
+    assert deliveries == dict.fromkeys(good, 1), sorted(deliveries.values())
+    assert stats.sent == 40 and stats.failed == {"pending": 4, "dead": 2}, stats
+    for row in OutboxMessage.objects.filter(event_type="bad"):
+        assert row.status == Status.DEAD and "NOT_FOUND" in row.last_error, row.last_error
