@@ -15,6 +15,7 @@ from . import events, history, leases
 from .models import InboxMessage
 from .registry import registry
 from .retry import RetryPolicy
+from .wording import counted
 
 Status = InboxMessage.Status
 
@@ -142,7 +143,7 @@ def record_abandoned_attempt(
         retry_at=retry_at,
         message=(
             f"attempt {row.attempts} did not finish within its lease: the worker died or hung"
-            + (f"; giving up after {row.attempts} attempts" if dead else "")
+            + (f"; giving up after {counted(row.attempts, 'attempt')}" if dead else "")
         ),
     )
     status = Status.DEAD if dead else Status.IN_PROGRESS if retry_now else Status.FAILED
@@ -161,6 +162,6 @@ def record_abandoned_attempt(
             "dead",
             **events.about(row, using),
             error_type="LeaseExpired",
-            detail=f"its worker died or hung in each of {row.attempts} attempts",
+            detail=f"its worker died or hung in each attempt ({counted(row.attempts, 'attempt')})",
         )
     return status

@@ -13,7 +13,8 @@ from . import gaps, interruptions
 from .attempts import process_batch, run_released
 from .claims import claim_batch
 from .conf import inbox_settings
-from .db.connection import Outage, connection_lost, keep_connection
+from .db.connection import connection_lost, keep_connection
+from .db.outage import Outage
 from .giving_back import give_back_interrupted, release
 from .leases import is_shared
 from .models import InboxMessage
@@ -140,7 +141,9 @@ class Worker:
         """Process until stopped, ``max_messages`` are handled or idle for ``until_idle``.
 
         The database going away (a restart, a terminated connection, no free slot) does not
-        end the loop: it reconnects with backoff and gives back what it held, uncounted.
+        end the loop: it reconnects with backoff and gives back what it held, uncounted. A
+        database that refuses the connection for its settings (no such database or role, a
+        wrong password) ends it: :class:`~django_inbox.db.outage.DatabaseMisconfigured`.
         """
         idle_since = time.monotonic()
         outage = Outage(self.using, "inbox worker", self.shutdown.wait)

@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
-from ..db.connection import Outage, connection_lost, describe, keep_connection
+from ..db.connection import connection_lost, describe, keep_connection
+from ..db.outage import DatabaseMisconfigured, Outage
 from ..delivering_batches import deliver_batch
 from ..giving_back import give_back_interrupted
 from ..rows import NewRow
@@ -83,7 +84,9 @@ class Acker:
     def with_database(self, work: Callable[[], T]) -> T | None:
         """Run ``work``; while the database is away, wait with backoff and run it again.
 
-        Returns ``None`` if a stop was requested while waiting. Other errors propagate.
+        Returns ``None`` if a stop was requested while waiting. Other errors propagate, and so
+        does :class:`~django_inbox.db.outage.DatabaseMisconfigured`: a database that refuses
+        the connection for its settings is not waited for.
         """
         while True:
             keep_connection(self.using)
@@ -121,6 +124,8 @@ class Acker:
         started = time.perf_counter()
         try:
             decision = self.with_database(lambda: self.intake.decide(message, self.flush))
+        except DatabaseMisconfigured:
+            raise  # not this message's fault: the command ends, the broker keeps the message
         except DatabaseError as exc:
             self._database_error(exc)
             self.requeue(message)
@@ -130,6 +135,8 @@ class Acker:
             # requeue it for ever.
             try:
                 decision = self.with_database(partial(self.intake.unreadable, message, exc))
+            except DatabaseMisconfigured:
+                raise
             except Exception as again:  # not even that could be stored: try again later
                 logger.error(
                     "inbox_consume %s: could not keep an unreadable message; requeueing: %s",

@@ -19,7 +19,7 @@ from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from ..conf import inbox_settings
-from ..db.connection import Backoff
+from ..db.outage import Backoff, DatabaseMisconfigured
 from ..shutdown import Shutdown
 from ..text import exception_text
 from ..worker import Worker
@@ -253,6 +253,8 @@ class BrokerConsumer:
         sweep = Worker([self.consumer], shutdown=self.shutdown)
         try:
             handled = self.acker.with_database(sweep.run_once)
+        except DatabaseMisconfigured:
+            raise
         except Exception as exc:
             # Not the broker's messages: log it and go on consuming (the type and frames,
             # never the message, which may quote a payload).

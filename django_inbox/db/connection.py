@@ -9,21 +9,18 @@ works and closes it only when it is broken or older than a positive ``CONN_MAX_A
 
 A database that restarts, refuses connections or drops one is *infrastructure*: it is not
 the handler's fault, so it must not use up a message's attempts (:func:`connection_lost`).
+Waiting for it with backoff, and telling it from a database that refuses the connection for
+its settings, is :mod:`django_inbox.db.outage`.
 """
 
 from __future__ import annotations
 
-import logging
-import random
 import time
-from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
 from . import preparing
-
-logger = logging.getLogger("django_inbox")
 
 #: SQLSTATEs that close the connection but are the handler's doing: it sat idle inside its
 #: transaction longer than ``idle_in_transaction_session_timeout`` (or the session timeout).
@@ -76,7 +73,7 @@ def _broken(connection: Any) -> bool:
     return bool(raw.closed)
 
 
-def _sqlstate(exc: BaseException) -> str | None:
+def sqlstate(exc: BaseException) -> str | None:
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -103,7 +100,7 @@ def connection_lost(exc: BaseException, using: str) -> bool:
     """
     if lost_prepared_statement(exc):
         return True
-    state = _sqlstate(exc)
+    state = sqlstate(exc)
     if state in HANDLER_TIMEOUTS:
         return False
     if state is not None and (state in CONNECTION_ENDED or state.startswith("08")):
@@ -170,83 +167,11 @@ def table_exists(using: str, table: str) -> bool:
         return table in connection.introspection.table_names(cursor)
 
 
-class Backoff:
-    """Exponential backoff with jitter for reconnecting: ``base`` doubling to ``cap`` seconds."""
-
-    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
-        self.base, self.cap, self.failures = base, cap, 0
-
-    def next(self) -> float:
-        self.failures += 1
-        ceiling = min(self.cap, self.base * 2 ** min(self.failures - 1, 16))
-        return float(ceiling / 2 + random.uniform(0, ceiling / 2))
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
-class Outage:
-    """A long-running process's view of its database being away: log once when it goes and
-    once when it is back, drop the broken connection, and wait with backoff in between.
-
-    Args:
-        using: the inbox's database alias.
-        name: who is waiting, for the log lines (``inbox_process``, ``inbox_consume x``).
-        wait: sleeps for the given seconds, returning early (True) on a stop request.
-    """
-
-    def __init__(self, using: str, name: str, wait: Callable[[float], object]) -> None:
-        self.using, self.name, self._wait = using, name, wait
-        self.backoff = Backoff()
-        self.since: float | None = None
-
-    def wait(self, exc: BaseException) -> None:
-        """The database was lost (``exc``): drop the connection, wait before the next try.
-
-        A transaction lost to a prepared statement the server no longer knows is no outage:
-        the connection is healthy and the inbox has stopped preparing, so the work is tried
-        again at once."""
-        if lost_prepared_statement(exc):
-            logger.warning(
-                "%s: a transaction was lost with a prepared statement (%s); trying again "
-                "unprepared",
-                self.name,
-                describe(exc),
-            )
-            return
-        delay = self.backoff.next()
-        if self.since is None:
-            self.since = time.monotonic()
-            logger.error(
-                "%s: lost the database connection (%s); reconnecting with backoff",
-                self.name,
-                describe(exc),
-            )
-        else:
-            logger.warning(
-                "%s: database still unreachable (%s); next try in %.1fs",
-                self.name,
-                describe(exc),
-                delay,
-            )
-        drop_connection(self.using)
-        self._wait(delay)
-
-    def over(self) -> None:
-        """A unit of work succeeded: if the database had been away, say it is back."""
-        if self.since is not None:
-            logger.warning(
-                "%s: database reachable again after %.1fs", self.name, time.monotonic() - self.since
-            )
-            self.since = None
-            self.backoff.reset()
-
-
 def describe(exc: BaseException) -> str:
     """A database error for a log line: its type, SQLSTATE and first line (which, for the
     errors that end a connection, holds no data)."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    state = _sqlstate(exc)
+    state = sqlstate(exc)
     return f"{type(exc).__name__}{f' {state}' if state else ''}: {first[:200]}"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from argparse import ArgumentTypeError
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +14,10 @@ from django.utils.dateparse import parse_datetime
 
 from ..conf import inbox_settings
 from ..db.connection import describe, table_exists
+from ..db.outage import misconfigured, refused_for_settings
 from ..durations import to_seconds
+from ..registry import registry
+from ..wording import counted
 
 #: Exit code of a command that is misconfigured (system check error, bad argument).
 MISCONFIGURED = 2
@@ -85,7 +89,9 @@ def require_migrated(*, wait: bool) -> None:
     """Exit 2 (``CommandError``) if the inbox's table does not exist: ``migrate`` was not run.
 
     An unreachable database exits 2 too, unless ``wait``: long-running commands wait for it
-    in their loop, where a database that comes and goes is expected.
+    in their loop, where a database that comes and goes is expected. One that refuses the
+    connection for its settings (no such database or role, a wrong password) exits 2 always:
+    it is not coming.
     """
     from ..models import InboxMessage
 
@@ -94,6 +100,8 @@ def require_migrated(*, wait: bool) -> None:
     try:
         exists = table_exists(using, table)
     except DatabaseError as exc:
+        if refused_for_settings(exc):
+            raise CommandError(str(misconfigured(exc, using)), returncode=MISCONFIGURED) from None
         if wait:
             return
         raise CommandError(
@@ -105,6 +113,38 @@ def require_migrated(*, wait: bool) -> None:
         raise CommandError(
             f"the inbox's table {table!r} does not exist in database {using!r}: run "
             "'manage.py migrate' first",
+            returncode=MISCONFIGURED,
+        )
+
+
+def require_known_consumers(names: Iterable[str | None], *, with_handlers: bool = False) -> None:
+    """Exit 2 (``CommandError``) with one line naming the known consumers if one of ``names``
+    (the ``--consumer`` values given; ``None`` is none) is not known: a typo must not select
+    nothing and pass for success.
+
+    ``with_handlers``: the command runs handlers (``inbox_process``, ``inbox_consume``), so a
+    consumer needs one, and the database is not asked (it may be away: those commands wait
+    for it). Otherwise a consumer is known if it has handlers, a policy in
+    ``INBOX_CONSUMERS``, or rows (listed by a loose index scan on PostgreSQL), as for
+    ``inbox_stats --consumer``.
+    """
+    given = [name for name in dict.fromkeys(names) if name is not None]
+    if with_handlers:
+        known = registry.consumers()
+        why = "no handler registered"
+    else:
+        cheap = set(registry.consumers()) | set(inbox_settings.consumers)
+        if all(name in cheap for name in given):
+            return  # no query needed
+        from ..services import known_consumers
+
+        known = known_consumers()
+        why = "no handler, no policy in INBOX_CONSUMERS and no rows"
+    unknown = [name for name in given if name not in known]
+    if unknown:
+        raise CommandError(
+            f"unknown {counted(len(unknown), 'consumer', number=False)} "
+            f"{', '.join(map(repr, unknown))}: {why}; known consumers: {known!r}",
             returncode=MISCONFIGURED,
         )
 

@@ -12,6 +12,7 @@ from ..broker.connection import (
     BrokerUnreachable,
     ConsumeStats,
 )
+from ..db.outage import DatabaseMisconfigured
 from ..giving_back import give_back_interrupted
 from ..worker import Worker, WorkerStats
 
@@ -21,6 +22,7 @@ __all__ = [
     "BrokerMisconfigured",
     "BrokerUnreachable",
     "ConsumeStats",
+    "DatabaseMisconfigured",
     "Worker",
     "WorkerStats",
     "give_back_interrupted",

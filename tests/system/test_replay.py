@@ -5,6 +5,7 @@ The parts that run real processes; the rest is in ``tests/unit/test_services_ope
 
 from __future__ import annotations
 
+import signal
 import time
 from datetime import timedelta
 
@@ -211,3 +212,32 @@ def test_a_replayed_row_being_processed_cannot_be_replayed_again(manage: Manage)
     assert done.status == Status.COMPLETED
     assert len(entries(done, "replay")) == 1
     assert effect_counts() == {"busy-0": 1}
+
+
+@pytest.mark.postgres
+def test_ctrl_c_while_waiting_for_a_rerun_is_one_line_and_leaves_the_rerun_going(
+    manage: Manage,
+) -> None:
+    """``--wait`` follows the workers; Ctrl-C stops the following, not the re-run: one line
+    saying so, a non-zero exit, no traceback."""
+    assert store(consumer="effects", message_id="w-1", event_type="effect.write", payload={})
+    drain()
+    proc = manage(
+        "inbox_replay", "--consumer", "effects", "--status", "completed", "--force",
+        "--reason", "rebuild", "--wait", "--no-input", env={"PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = []
+    while not (line := proc.stdout.readline()).startswith("re-run "):  # following: no worker
+        assert line, (seen, proc.communicate())
+        seen.append(line)
+
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [
+        "CommandError: stopped following (interrupted); the re-run goes on in the workers: "
+        "follow it with inbox_stats or the admin"
+    ], err
+    assert InboxMessage.objects.get(message_id="w-1").status == Status.RECEIVED  # still due

@@ -334,7 +334,9 @@ def test_consumer_option_limits_the_purge() -> None:
     output = purge_command("--consumer", "b")
     assert "deleted 1 completed" in output, output
     assert left() == {"b-dead", "c-old", "c-dead"}
-    purge_command("--consumer", "nobody", "--older-than", "0")
+    with pytest.raises(CommandError) as typo:  # a consumer nobody knows: a typo, exit 2
+        purge_command("--consumer", "nobody", "--older-than", "0")
+    assert typo.value.returncode == 2
     assert left() == {"b-dead", "c-old", "c-dead"}
 
 
@@ -407,6 +409,8 @@ def test_command_summary_line() -> None:
     assert re.search(summary, output), output
     assert purge_command("-v", "0") == ""
     assert "deleted 0 completed in 0 batches" in purge_command()
+    make("effects", Status.COMPLETED, 40 * DAY, "old-one")
+    assert "deleted 1 completed in 1 batch, " in purge_command()
 
 
 @pytest.mark.postgres

@@ -227,6 +227,23 @@ def test_reclaimed_row_past_max_attempts_goes_dead() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_row_dead_after_its_only_attempt_says_one_attempt() -> None:
+    from django.conf import settings
+    from django.test import override_settings
+
+    consumers = {**settings.INBOX_CONSUMERS}
+    consumers["effects"] = {**consumers.get("effects", {}), "max_attempts": 1}
+    with override_settings(INBOX_CONSUMERS=consumers):
+        row = stuck("only-chance", attempts=1)
+        out, result = reclaim()
+
+    assert result == (1, 0, 1, 0), out
+    row.refresh_from_db()
+    assert row.status == Status.DEAD
+    assert row.last_error.endswith("; giving up after 1 attempt"), row.last_error
+
+
+@pytest.mark.django_db(transaction=True)
 def test_only_the_running_row_of_a_dead_workers_batch_is_blamed() -> None:
     lease = uuid.uuid4().hex
     first = stuck("batch-first", lease_id=lease, attempts=2)

@@ -8,13 +8,13 @@ from django.core.management.base import CommandError, CommandParser
 from kombu.connection import Connection
 
 from ...conf import inbox_settings
-from ...registry import registry
 from ...services import (
     AckMode,
     BrokerConsumer,
     BrokerMisconfigured,
     BrokerUnreachable,
     ConsumeStats,
+    DatabaseMisconfigured,
 )
 from ..base import (
     MISCONFIGURED,
@@ -22,6 +22,7 @@ from ..base import (
     add_commit_every_option,
     add_metrics_option,
     add_stop_options,
+    require_known_consumers,
     seconds,
     start_metrics,
 )
@@ -118,12 +119,7 @@ class Command(InboxCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         consumer: str = options["consumer"]
-        if consumer not in registry.consumers():
-            raise CommandError(
-                f"No handlers are registered for consumer {consumer!r}; known consumers: "
-                f"{registry.consumers()!r}.",
-                returncode=MISCONFIGURED,
-            )
+        require_known_consumers([consumer], with_handlers=True)
         broker = options["broker"] or inbox_settings.broker_url
         if not broker:
             raise CommandError(
@@ -162,6 +158,8 @@ class Command(InboxCommand):
                 stats = worker.run()
         except (BrokerMisconfigured, BrokerUnreachable) as exc:
             raise CommandError(f"{exc}.", returncode=MISCONFIGURED) from None
+        except DatabaseMisconfigured as exc:
+            raise CommandError(str(exc), returncode=MISCONFIGURED) from None
         if verbosity >= 1:
             self.stdout.write(summary(stats))
 

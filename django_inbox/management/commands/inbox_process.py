@@ -4,13 +4,14 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ...registry import registry
-from ...services import Worker
+from ...services import DatabaseMisconfigured, Worker
 from ..base import (
+    MISCONFIGURED,
     InboxCommand,
     add_commit_every_option,
     add_metrics_option,
     add_stop_options,
+    require_known_consumers,
     seconds,
     start_metrics,
 )
@@ -60,16 +61,12 @@ class Command(InboxCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         consumers: list[str] = options["consumers"]
-        unknown = [c for c in consumers if c not in registry.consumers()]
-        if unknown:
-            raise CommandError(
-                f"No handlers are registered for consumer(s) {unknown!r}; known consumers: "
-                f"{registry.consumers()!r}.",
-                returncode=2,
-            )
+        require_known_consumers(consumers, with_handlers=True)
         for name in ("batch_size", "max_messages", "commit_every"):
             if options[name] is not None and options[name] < 1:
-                raise CommandError(f"--{name.replace('_', '-')} must be at least 1.", returncode=2)
+                raise CommandError(
+                    f"--{name.replace('_', '-')} must be at least 1.", returncode=MISCONFIGURED
+                )
         worker = Worker(
             consumers,
             batch_size=options["batch_size"],
@@ -79,8 +76,11 @@ class Command(InboxCommand):
             commit_every=options["commit_every"],
         )
         start_metrics(options["metrics_port"])
-        with worker.shutdown.handling_signals():
-            stats = worker.run()
+        try:
+            with worker.shutdown.handling_signals():
+                stats = worker.run()
+        except DatabaseMisconfigured as exc:
+            raise CommandError(str(exc), returncode=MISCONFIGURED) from None
         if options["verbosity"] >= 1:
             counts = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
             self.stdout.write(f"inbox_process: handled {stats.handled} ({counts})")

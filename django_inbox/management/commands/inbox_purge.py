@@ -8,7 +8,8 @@ from django.core.management.base import CommandError, CommandParser
 
 from ...models import InboxMessage
 from ...services import PURGEABLE, PurgeProgress, purge
-from ..base import MISCONFIGURED, InboxCommand, seconds
+from ...wording import counted
+from ..base import MISCONFIGURED, InboxCommand, require_known_consumers, seconds
 
 #: Seconds between progress lines on a long run.
 PROGRESS_EVERY = 5.0
@@ -86,6 +87,7 @@ class Command(InboxCommand):
         if options["outbox"]:
             self._purge_outbox(options)
             return
+        require_known_consumers([options["consumer"]])
         statuses = tuple(dict.fromkeys(options["statuses"])) or None
         verbosity = options["verbosity"]
         last_report = time.monotonic()
@@ -95,8 +97,9 @@ class Command(InboxCommand):
             if verbosity >= 1 and time.monotonic() - last_report >= PROGRESS_EVERY:
                 last_report = time.monotonic()
                 self.stdout.write(
-                    f"inbox_purge: {progress.deleted:,} rows deleted in {progress.batches:,} "
-                    f"batches, {progress.elapsed:.0f}s, {progress.rate:,.0f} rows/s"
+                    f"inbox_purge: {counted(progress.deleted, 'row')} deleted in "
+                    f"{counted(progress.batches, 'batch')}, {progress.elapsed:.0f}s, "
+                    f"{progress.rate:,.0f} rows/s"
                 )
 
         result = purge(
@@ -120,7 +123,7 @@ class Command(InboxCommand):
             self.stdout.write(f"inbox_purge: would delete {counts}")
         else:
             self.stdout.write(
-                f"inbox_purge: deleted {counts} in {result.batches:,} batches, "
+                f"inbox_purge: deleted {counts} in {counted(result.batches, 'batch')}, "
                 f"{result.elapsed:.1f}s ({result.rate:,.0f} rows/s)"
             )
 

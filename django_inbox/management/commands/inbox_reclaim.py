@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from ...services import reclaim
-from ..base import MISCONFIGURED, InboxCommand, seconds
+from ..base import MISCONFIGURED, InboxCommand, require_known_consumers, seconds
 
 
 class Command(InboxCommand):
@@ -13,7 +13,8 @@ class Command(InboxCommand):
         "Recover messages left in_progress by a worker that died or hangs (their lease "
         "expired): the running one becomes failed, its attempt counted (dead past its "
         "max_attempts); batch-mates that never started go back to due, uncounted. Never "
-        "touches a row whose lease is still live. Exit codes: 0 done, 2 misconfigured."
+        "touches a row whose lease is still live. Exit codes: 0 done, 2 misconfigured (such "
+        "as an unknown --consumer)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -38,6 +39,7 @@ class Command(InboxCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.", returncode=MISCONFIGURED)
+        require_known_consumers([options["consumer"]])
         result = reclaim(
             consumer=options["consumer"],
             older_than=options["older_than"],

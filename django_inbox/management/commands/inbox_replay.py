@@ -20,11 +20,13 @@ from ...services import (
     rerun_left,
     select,
 )
-from ..base import MISCONFIGURED, InboxCommand, moment
+from ..base import MISCONFIGURED, InboxCommand, moment, require_known_consumers
 
 SELECTABLE = (*REPLAYABLE, InboxMessage.Status.COMPLETED)
 #: Seconds between two progress lines of --wait.
 REPORT_EVERY = 2.0
+#: Exit code of a --wait that Ctrl-C (SIGINT) stopped following: 128 + SIGINT, as a shell says.
+INTERRUPTED = 130
 
 
 def replayable_status(value: str) -> str:
@@ -43,7 +45,9 @@ class Command(InboxCommand):
         "recorded in it. Select by id, message id, consumer, event type, status and time, or "
         "--all for every dead and parked row; the count is shown before anything changes "
         "(and confirmed at a terminal). Exit codes: 0 done (or nothing matched, or "
-        "cancelled), 1 some selected rows were refused, 2 misconfigured (no selection)."
+        "cancelled), 1 some selected rows were refused (with --wait: some re-run rows ended "
+        "dead or parked), 2 misconfigured (no selection, an unknown --consumer), 130 --wait "
+        "stopped by Ctrl-C."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -144,6 +148,7 @@ class Command(InboxCommand):
                 "--message-id, --since/--until, or --all for every dead and parked row.",
                 returncode=MISCONFIGURED,
             )
+        require_known_consumers([options["consumer"]])
         rows = select(
             pks=options["pks"] or None,
             message_ids=options["message_ids"] or None,
@@ -194,7 +199,14 @@ class Command(InboxCommand):
             raise CommandError(f"refused {refused}", returncode=1)
         if options["wait"] and options["force"] and not options["dry_run"]:
             reruns = result.changed.get("completed", 0) + result.changed.get("skipped", 0)
-            self._follow(consumers, reruns, verbosity)
+            try:
+                self._follow(consumers, reruns, verbosity)
+            except KeyboardInterrupt:  # Ctrl-C: the re-run is the workers', not this process's
+                raise CommandError(
+                    "stopped following (interrupted); the re-run goes on in the workers: "
+                    "follow it with inbox_stats or the admin",
+                    returncode=INTERRUPTED,
+                ) from None
 
     def _side_effects(self, consumers: list[str], dry_run: bool) -> None:
         """Say, per consumer re-run, whether its @side_effect calls run or are suppressed."""

@@ -7,7 +7,8 @@ from django.core.management.base import CommandError, CommandParser
 
 from ...models import InboxMessage
 from ...services import find
-from ..base import InboxCommand
+from ...wording import counted
+from ..base import MISCONFIGURED, InboxCommand, require_known_consumers
 
 #: Exit code when no message matched.
 NOT_FOUND = 1
@@ -35,7 +36,8 @@ class Command(InboxCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not options["message_ids"] and not options["pks"]:
-            raise CommandError("Give a MESSAGE_ID or --id.", returncode=2)
+            raise CommandError("Give a MESSAGE_ID or --id.", returncode=MISCONFIGURED)
+        require_known_consumers([options["consumer"]])
         found = find(
             message_ids=options["message_ids"], pks=options["pks"], consumer=options["consumer"]
         )
@@ -58,6 +60,7 @@ def describe(message: InboxMessage, payload: bool) -> dict[str, Any]:
         "event_type": message.event_type,
         "source": message.source,
         "key": message.key,
+        "sequence": message.sequence,
         "status": message.status,
         "attempts": message.attempts,
         "received_at": message.received_at,
@@ -81,10 +84,11 @@ def _when(value: Any) -> str:
 def render(message: InboxMessage, payload: bool) -> str:
     lines = [
         f"{message.consumer} {message.message_id} (id {message.pk}): {message.status}, "
-        f"{message.attempts} attempt(s)",
+        f"{counted(message.attempts, 'attempt')}",
         f"  event type  {message.event_type}"
         + (f"   source {message.source}" if message.source else "")
-        + (f"   key {message.key}" if message.key else ""),
+        + (f"   key {message.key}" if message.key else "")
+        + (f"   sequence {message.sequence}" if message.sequence is not None else ""),
         f"  received    {_when(message.received_at)}   updated {_when(message.updated_at)}",
         f"  next        {_when(message.next_attempt_at)}   processed {_when(message.processed_at)}",
     ]
@@ -104,7 +108,9 @@ def render(message: InboxMessage, payload: bool) -> str:
                 f"x{entry.get('calls', 1)} (re-run)"
             )
         elif "by" not in entry:  # the inbox's own entries: interrupted, gap, past_gap
-            lines.append(f"  {at}  {entry.get('kind')}: {entry.get('message', '')}")
+            kind, said = entry.get("kind"), str(entry.get("message", ""))
+            said = said.removeprefix(f"{kind}: ")  # a gap's message starts "gap: " already
+            lines.append(f"  {at}  {kind}: {said}")
         else:
             reason = f": {entry['reason']}" if entry.get("reason") else ""
             lines.append(

@@ -7,8 +7,8 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from ...conf import inbox_settings
-from ...services import PROBLEM_KINDS, STATUSES, InboxStats, collect, known_consumers
-from ..base import MISCONFIGURED, InboxCommand, seconds
+from ...services import PROBLEM_KINDS, STATUSES, InboxStats, collect
+from ..base import MISCONFIGURED, InboxCommand, require_known_consumers, seconds
 
 #: Exit code when problems were found.
 PROBLEMS = 1
@@ -49,13 +49,7 @@ class Command(InboxCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            consumer = options["consumer"]
-            if consumer is not None and consumer not in (known := known_consumers()):
-                raise CommandError(
-                    f"unknown consumer {consumer!r}: it has no handlers, no policy and no rows; "
-                    f"known consumers: {known!r}",
-                    returncode=MISCONFIGURED,
-                )
+            require_known_consumers([options["consumer"]])
             stats = collect(
                 consumer=options["consumer"],
                 max_pending_age=options["max_pending_age"],
