@@ -1,7 +1,8 @@
 """The admin's actions: replay, force re-run, park, retry now and skip (ordered consumers), each
 behind its own permission, confirmed on a page of its own (with a reason), reported with counts,
 and audited with one ``LogEntry`` per changed row. They call :mod:`django_inbox.services`, as
-``inbox_replay`` does.
+``inbox_replay`` does. :class:`ConfirmedActions` is that machinery for any model admin whose
+actions return an :class:`~django_inbox.services.ActionResult` (the outbox's replay uses it).
 
 A user without an action's permission neither sees it nor can run it with a forged POST:
 Django drops the actions the user may not run before dispatching.
@@ -26,6 +27,7 @@ from .. import services
 from ..conf import inbox_settings
 from ..models import InboxMessage
 from ..services import ActionResult, count_by_status
+from ..wording import counted
 
 Status = InboxMessage.Status
 PERMISSION_PREFIX = "django_inbox."
@@ -48,6 +50,13 @@ class Action:
     reason_required: bool = False
     #: Rows in other statuses are counted as refused without being passed to ``run``.
     only_from: bool = False
+    #: What the report calls a row, counted (``None``: ``message(s)``, as it always said).
+    noun: str | None = None
+    #: Said after the report of a run that changed rows.
+    done: str = ""
+
+    def counted(self, n: int) -> str:
+        return f"{n:,} message(s)" if self.noun is None else counted(n, self.noun)
 
     def __getitem__(self, name: str) -> Any:  # the confirmation template reads spec.<name>
         return {"from": self.start}.get(name, getattr(self, name, None))
@@ -120,11 +129,12 @@ ACTIONS: dict[str, Action] = {
 }
 
 
-def _admin_action(name: str) -> Any:
-    spec = ACTIONS[name]
+def confirmed_action(specs: dict[str, Action], name: str) -> Any:
+    """The admin action ``name`` of ``specs``, run through :class:`ConfirmedActions`."""
+    spec = specs[name]
 
     @admin.action(permissions=[spec.permission], description=spec.description)
-    def action(self: Any, request: HttpRequest, queryset: QuerySet[InboxMessage]) -> Any:
+    def action(self: Any, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
         return self._confirm_and_run(request, queryset, name)
 
     action.__name__ = name
@@ -132,43 +142,22 @@ def _admin_action(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    _Base = admin.ModelAdmin[InboxMessage]
+    _Base = admin.ModelAdmin[Any]
 else:  # ModelAdmin is generic only in the type stubs
     _Base = object
 
 
-class ActionsMixin(_Base):
-    """The actions of :class:`~django_inbox.admin.InboxMessageAdmin` and their permissions."""
+class ConfirmedActions(_Base):
+    """Actions confirmed on a page of their own (with a reason), behind their permission,
+    reported with counts and audited with one ``LogEntry`` per changed row: the specs of
+    ``action_specs``, made into actions by :func:`confirmed_action`."""
 
-    actions = list(ACTIONS)
-    replay_messages = _admin_action("replay_messages")
-    force_rerun_messages = _admin_action("force_rerun_messages")
-    park_messages = _admin_action("park_messages")
-    retry_messages_now = _admin_action("retry_messages_now")
-    skip_versions = _admin_action("skip_versions")
-
-    def _has(self, request: HttpRequest, codename: str) -> bool:
-        return bool(request.user.has_perm(PERMISSION_PREFIX + codename))
-
-    def has_replay_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "replay_inboxmessage")
-
-    def has_force_replay_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "force_replay_inboxmessage")
-
-    def has_park_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "park_inboxmessage")
-
-    def has_retry_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "retry_inboxmessage")
-
-    def has_skip_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "skip_inboxmessage")
+    action_specs: dict[str, Action] = {}
 
     def _confirm_and_run(
-        self, request: HttpRequest, selected: QuerySet[InboxMessage], name: str
+        self, request: HttpRequest, selected: QuerySet[Any], name: str
     ) -> TemplateResponse | None:
-        spec = ACTIONS[name]
+        spec = self.action_specs[name]
         queryset, refused_elsewhere = selected, None
         if spec.only_from:
             queryset = selected.filter(status__in=spec.start)
@@ -221,7 +210,7 @@ class ActionsMixin(_Base):
 
     def _audit(self, request: HttpRequest, result: ActionResult, spec: Action, reason: str) -> None:
         """One ``LogEntry`` per changed row: who, what, from which status, why."""
-        content_type = ContentType.objects.get_for_model(InboxMessage, for_concrete_model=False)
+        content_type = ContentType.objects.get_for_model(self.model, for_concrete_model=False)
         entries = [
             LogEntry(
                 user_id=int(request.user.pk or 0),
@@ -241,14 +230,47 @@ class ActionsMixin(_Base):
         if result.total:
             self.message_user(
                 request,
-                f"{spec.verb} {result.total:,} message(s) ({counts}).",
+                f"{spec.verb} {spec.counted(result.total)} ({counts})."
+                + (f" {spec.done}" if spec.done else ""),
                 messages.SUCCESS,
             )
         else:
-            self.message_user(request, f"{spec.verb} no message.", messages.WARNING)
+            self.message_user(
+                request, f"{spec.verb} no {spec.noun or 'message'}.", messages.WARNING
+            )
         if result.refused:
             refused = "; ".join(f"{n:,} {why}" for why, n in sorted(result.refused.items()))
             self.message_user(request, f"Left unchanged: {refused}.", messages.WARNING)
+
+
+class ActionsMixin(ConfirmedActions):
+    """The actions of :class:`~django_inbox.admin.InboxMessageAdmin` and their permissions."""
+
+    actions = list(ACTIONS)
+    action_specs = ACTIONS
+    replay_messages = confirmed_action(ACTIONS, "replay_messages")
+    force_rerun_messages = confirmed_action(ACTIONS, "force_rerun_messages")
+    park_messages = confirmed_action(ACTIONS, "park_messages")
+    retry_messages_now = confirmed_action(ACTIONS, "retry_messages_now")
+    skip_versions = confirmed_action(ACTIONS, "skip_versions")
+
+    def _has(self, request: HttpRequest, codename: str) -> bool:
+        return bool(request.user.has_perm(PERMISSION_PREFIX + codename))
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "replay_inboxmessage")
+
+    def has_force_replay_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "force_replay_inboxmessage")
+
+    def has_park_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "park_inboxmessage")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "retry_inboxmessage")
+
+    def has_skip_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "skip_inboxmessage")
 
 
 def _side_effects(rows: QuerySet[InboxMessage]) -> list[tuple[str, bool, bool]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from ..admin.actions import Action, ConfirmedActions, confirmed_action
 from ..admin.filters import ExactFilter
 from ..admin.guards import payload_lookup_allowed, refuse_unstorable_query
 from ..admin.paginator import CappedCountPaginator, InboxChangeList
@@ -46,7 +47,27 @@ class RecentEventTypeFilter(ExactFilter):
         return set(newest.values_list("event_type", flat=True)[:RECENT_ROWS])
 
 
-class OutboxMessageAdmin(_Base):
+ACTIONS = {
+    "replay_dead": Action(
+        permission="replay",
+        description="Replay dead outbox messages",
+        title="Replay dead outbox messages",
+        button="Replay this message",
+        verb="Replayed",
+        start=services.REPLAYABLE,
+        run=services.replay_dead,
+        reason_required=True,
+        noun="outbox message",
+        done="A relay publishes them again with the same message id.",
+        explain="They go back to pending with a fresh set of attempts and the same message "
+        "id: a relay publishes them again, and the receiving inbox deduplicates a copy it "
+        "already has. A key's messages go out one at a time, in the order written. A reason "
+        "is required; it is kept in the admin log, with who replayed each message.",
+    ),
+}
+
+
+class OutboxMessageAdmin(ConfirmedActions, _Base):
     list_display = (
         "message_id", "event_type", "status", "key", "attempts", "age", "error", "cause",
     )  # fmt: skip
@@ -59,6 +80,8 @@ class OutboxMessageAdmin(_Base):
     ordering = ("-id",)
     sortable_by = ()
     actions = ("replay_dead",)
+    action_specs = ACTIONS
+    replay_dead = confirmed_action(ACTIONS, "replay_dead")
     show_full_result_count = False
     paginator = CappedCountPaginator
     if hasattr(admin, "ShowFacets"):  # Django 5.0+: "Show counts" would count the whole table
@@ -152,17 +175,6 @@ class OutboxMessageAdmin(_Base):
             '<a href="{}?{}">{} {}</a>', url, query, row.causation_consumer,
             row.causation_message_id,
         )  # fmt: skip
-
-    @admin.action(permissions=["replay"], description="Replay dead outbox messages")
-    def replay_dead(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
-        changed = services.replay(queryset)
-        left = queryset.exclude(status=OutboxMessage.Status.PENDING).count()
-        self.message_user(
-            request,
-            f"Replayed {changed} dead outbox message(s): a relay publishes them again with the "
-            "same message id." + (f" {left} selected row(s) were not dead." if left else ""),
-            messages.SUCCESS if changed else messages.WARNING,
-        )
 
 
 if inbox_settings.admin and not admin.site.is_registered(OutboxMessage):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 
@@ -14,35 +15,81 @@ from ..conf import inbox_settings
 from ..db import statements
 from ..db.aside import with_status
 from ..db.connection import table_exists
+from ..services.actions import ActionOptions, ActionResult, options_of
 from .models import OutboxMessage
 from .settings import outbox_settings
 
 Status = OutboxMessage.Status
+logger = logging.getLogger("django_inbox.outbox")
+
+
+#: The statuses a replay changes rows from.
+REPLAYABLE = (Status.DEAD,)
 
 
 def replay(rows: QuerySet[OutboxMessage]) -> int:
+    """Send the ``dead`` rows among ``rows`` back to ``pending`` (see :func:`replay_dead`);
+    returns how many changed."""
+    return replay_dead(rows, actor="python", keep=0).total
+
+
+def replay_dead(rows: QuerySet[OutboxMessage], **options: Unpack[ActionOptions]) -> ActionResult:
     """Send the ``dead`` rows among ``rows`` back to ``pending``, with a fresh set of attempts
     and the same message id (the receiver deduplicates a copy it already has). Rows without a
     key are due now; a key's rows are held, as ``publish()`` writes a row behind another of
     its key, and then each key's oldest pending row is made due: replayed rows of one key go
-    out one at a time, and claims don't read past them. Returns how many rows changed."""
+    out one at a time, and claims don't read past them.
+
+    Takes the options of the inbox's actions (``actor`` required; ``reason``, ``via``,
+    ``dry_run``, ``batch_size``, ``keep``) and logs who replayed how many rows and why (an
+    outbox row keeps no history: the admin adds a ``LogEntry`` per row). Returns an
+    :class:`~django_inbox.services.ActionResult`: rows changed by the status they had, the
+    selected rows left alone by status, and ``(pk, event_type, message_id, "dead")`` of the
+    first ``keep`` rows changed."""
     from .rows import sweep
 
-    now = timezone.now()
+    actor, reason, via, dry_run, keep = options_of("replay", options)
+    batch_size = options.get("batch_size", 500)
     using = inbox_settings.database
-    dead = rows.using(using).filter(status=Status.DEAD)
+    selected = rows.using(using).order_by()
+    result = ActionResult("replay", dry_run=dry_run)
+    others = selected.exclude(status__in=REPLAYABLE).values("status").annotate(n=Count("pk"))
+    for other in others:
+        result.refused[f"{other['status']} (not dead)"] += other["n"]
+    now = timezone.now()
     changes: dict[str, Any] = {
-        "status": Status.PENDING,
-        "attempts": 0,
-        "locked_until": None,
-        "lease_id": "",
+        "status": Status.PENDING, "attempts": 0, "locked_until": None, "lease_id": "",
         "updated_at": now,
-    }
-    changed = dead.filter(key="").update(next_attempt_at=now, **changes)
-    keyed = dead.exclude(key="").update(next_attempt_at=None, **changes)
-    if keyed:
+    }  # fmt: skip
+    messages = OutboxMessage.objects.using(using)
+    pks = list(selected.filter(status__in=REPLAYABLE).values_list("pk", flat=True))
+    held = 0
+    for first in range(0, len(pks), batch_size):
+        with transaction.atomic(using=using):
+            chunk = messages.filter(pk__in=pks[first : first + batch_size], status=Status.DEAD)
+            found = list(
+                (chunk if dry_run else chunk.select_for_update())
+                .order_by("pk")
+                .values_list("pk", "event_type", "message_id", "key")
+            )
+            if not dry_run:
+                plain = [pk for pk, _, _, key in found if not key]
+                keyed = [pk for pk, _, _, key in found if key]
+                messages.filter(pk__in=plain).update(next_attempt_at=now, **changes)
+                held += messages.filter(pk__in=keyed).update(next_attempt_at=None, **changes)
+        result.changed[Status.DEAD] += len(found)
+        room = len(found) if keep is None else max(keep - len(result.rows), 0)
+        result.rows += [(pk, event, message_id, Status.DEAD) for pk, event, message_id, _ in found][
+            :room
+        ]
+    if held:
         sweep(using, now=now)
-    return changed + keyed
+    if result.total and not dry_run:
+        logger.info(
+            "outbox: %d dead row(s) replayed by %s via %s%s",
+            result.total, actor, via, f" (reason: {reason})" if reason else "",
+        )  # fmt: skip
+    return result
 
 
 #: The outbox's table.
