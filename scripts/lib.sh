@@ -70,6 +70,36 @@ ensure_rabbitmq() {
     rabbitmqctl await_startup >/dev/null 2>&1 || true
 }
 
+# ensure_database: create the database DATABASE_URL names, on PostgreSQL, if it does not exist
+# (nothing else needs it: pytest makes test_<name>, but makemigrations --check reads its
+# migration history).
+ensure_database() {
+    PYTHONPATH=testproject DJANGO_SETTINGS_MODULE=testproject.settings .venv/bin/python - <<'PY'
+import django
+
+django.setup()
+from django.db import OperationalError, connection
+
+if connection.vendor == "postgresql":
+    try:
+        connection.ensure_connection()
+    except OperationalError as exc:
+        if "does not exist" not in str(exc):
+            raise
+        name = connection.settings_dict["NAME"]
+        with connection._nodb_cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE {connection.ops.quote_name(name)}")
+        print(f"created database {name}")
+PY
+}
+
+# makemigrations_check: fail if a model change has no migration. A warning is an error: one
+# that the migration history could not be read would otherwise pass unseen.
+makemigrations_check() {
+    ensure_database &&
+        .venv/bin/python -W error::RuntimeWarning testproject/manage.py makemigrations --check --dry-run
+}
+
 # The admin's browser tests drive Debian's Chromium through Playwright (never `playwright
 # install`: its browser builds are downloaded from elsewhere). Install it when it is missing.
 ensure_chromium() {
