@@ -1,12 +1,21 @@
-"""Publishing test streams to the real brokers on 127.0.0.1."""
+"""Publishing test streams to the real brokers on 127.0.0.1, and a RabbitMQ node of a test's
+own (:func:`private_rabbitmq`) for the tests that restart their broker."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kombu import Connection, Queue
@@ -93,3 +102,111 @@ def delete_queue(url: str, queue: str) -> None:
             Queue(queue)(connection.default_channel).delete()
     except Exception:
         pass
+
+
+# --- a RabbitMQ node of one's own ---------------------------------------------------------------
+
+#: Where Debian keeps RabbitMQ's own scripts: its /usr/sbin wrappers run them as the rabbitmq
+#: user (through su, as root), where a node in a temporary directory of ours can't write.
+RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+def _tool(name: str) -> str:
+    own = RABBITMQ_BIN / name
+    found = str(own) if own.exists() else shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} is not installed")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class RabbitNode:
+    """A RabbitMQ node of a test's own: its name, AMQP URL and environment (for rabbitmqctl)."""
+
+    name: str
+    url: str
+    env: dict[str, str]
+    home: Path
+
+    def ctl(self, *args: str, timeout: float = 120) -> str:
+        """``rabbitmqctl -n NODE ARGS``: raises, with its output, if it fails."""
+        done = subprocess.run(
+            [_tool("rabbitmqctl"), "-n", self.name, *args],
+            env=self.env, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if done.returncode:
+            raise RuntimeError(
+                f"rabbitmqctl -n {self.name} {' '.join(args)} exited {done.returncode}: "
+                f"{done.stdout}{done.stderr}{self.log_tail()}"
+            )
+        return done.stdout
+
+    def restart_app(self, pause: float = 2.0) -> None:
+        """Stop the broker (every connection dropped), wait ``pause`` seconds, start it again:
+        ``rabbitmqctl stop_app``/``start_app`` on this node, never the machine's."""
+        self.ctl("stop_app")
+        time.sleep(pause)
+        self.ctl("start_app")
+
+    def log_tail(self, lines: int = 40) -> str:
+        logs = sorted((self.home / "log").glob("*.log"))
+        text = "".join(log.read_text(errors="replace") for log in logs)
+        return "\n".join(["", "--- node log ---", *text.splitlines()[-lines:]])
+
+
+@contextmanager
+def private_rabbitmq(startup_timeout: float = 120) -> Iterator[RabbitNode]:
+    """Start a RabbitMQ node of our own: a unique node name, free ports (AMQP and Erlang
+    distribution), its database, logs, configuration, enabled plugins (none) and Erlang cookie
+    in a temporary directory, bound to 127.0.0.1. Yield it once it accepts connections; stop it
+    (``rabbitmqctl -n NODE stop``) and delete the directory at the end. The machine's RabbitMQ
+    and its configuration in /etc/rabbitmq are never touched."""
+    home = Path(tempfile.mkdtemp(prefix="inbox-rabbitmq-"))
+    name = f"inbox-test-{uuid.uuid4().hex[:8]}@localhost"
+    port, dist_port = free_port(), free_port()
+    (home / "rabbitmq.conf").write_text(f"listeners.tcp.default = 127.0.0.1:{port}\n")
+    (home / "enabled_plugins").write_text("[].\n")
+    (home / "rabbitmq-env.conf").write_text("")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))},
+        "HOME": str(home),  # the Erlang cookie: a new one, shared by the node and rabbitmqctl
+        "RABBITMQ_NODENAME": name,
+        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+        "RABBITMQ_NODE_PORT": str(port),
+        "RABBITMQ_DIST_PORT": str(dist_port),
+        "RABBITMQ_MNESIA_BASE": str(home / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(home / "log"),
+        "RABBITMQ_CONFIG_FILE": str(home / "rabbitmq.conf"),
+        "RABBITMQ_ADVANCED_CONFIG_FILE": str(home / "advanced.config"),
+        "RABBITMQ_CONF_ENV_FILE": str(home / "rabbitmq-env.conf"),
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(home / "enabled_plugins"),
+        "RABBITMQ_PID_FILE": str(home / "node.pid"),
+        "ERL_EPMD_ADDRESS": "127.0.0.1",
+        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+    }
+    output = (home / "server.out").open("w")
+    server = subprocess.Popen(
+        [_tool("rabbitmq-server")], env=env, cwd=home, stdout=output, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    node = RabbitNode(name, f"amqp://guest:guest@127.0.0.1:{port}//", env, home)
+    try:
+        node.ctl("wait", str(home / "node.pid"), "--timeout", str(int(startup_timeout)),
+                 timeout=startup_timeout + 30)  # fmt: skip
+        yield node
+    finally:
+        try:
+            node.ctl("stop", timeout=120)
+            server.wait(timeout=120)
+        except Exception:
+            if server.poll() is None:
+                os.killpg(server.pid, 9)  # the whole session: the script, erl and its children
+                server.wait()
+        output.close()
+        shutil.rmtree(home, ignore_errors=True)

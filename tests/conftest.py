@@ -17,6 +17,7 @@ import pytest
 from django.db import connection
 
 from django_inbox.registry import Handler, registry
+from tests import brokers
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
@@ -73,6 +74,14 @@ def manage(subprocess_env: dict[str, str]) -> Callable[..., subprocess.Popen[str
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+@pytest.fixture
+def rabbitmq_node() -> Iterator[brokers.RabbitNode]:
+    """A RabbitMQ node of this test's own (:func:`tests.brokers.private_rabbitmq`): a test that
+    restarts its broker restarts this one, never the machine's, which other runs share."""
+    with brokers.private_rabbitmq() as node:
+        yield node
 
 
 def kill_at_random(
