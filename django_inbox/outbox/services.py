@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Unpack
 
 from django.db import DatabaseError, transaction
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from ..conf import inbox_settings
-from ..db import statements
 from ..db.aside import with_status
 from ..db.connection import table_exists
 from ..services.actions import ActionOptions, ActionResult, options_of
+from .health import ESTIMATE_ABOVE as ESTIMATE_ABOVE
+from .health import OutboxStats as OutboxStats
+from .health import collect as collect
+from .health import problems as problems
 from .models import OutboxMessage
 from .settings import outbox_settings
 
@@ -116,62 +118,6 @@ def anything_pending(using: str | None = None) -> bool:
     asks before it calls itself idle."""
     rows = OutboxMessage.objects.using(using or inbox_settings.database)
     return rows.filter(status=Status.PENDING).exists()
-
-
-#: Above this many rows (PostgreSQL's estimate), ``sent`` rows are estimated, not counted.
-ESTIMATE_ABOVE = 1_000_000
-
-
-@dataclass
-class OutboxStats:
-    """The outbox's state: what the relays have still to send, and what they gave up on."""
-
-    pending: int = 0
-    dead: int = 0
-    sent: int = 0
-    #: Seconds the oldest pending row has waited since it was written (the relay's lag).
-    oldest_pending_age: float = 0.0
-    #: Whether ``sent`` is PostgreSQL's estimate (a large table) rather than a count.
-    sent_estimated: bool = False
-    counts: dict[str, int] = field(default_factory=dict)
-
-
-def collect(now: datetime | None = None) -> OutboxStats:
-    """Pending rows and the oldest one's age, and dead rows, each counted over its partial
-    index; ``sent`` rows counted, or on a large PostgreSQL table estimated (no scan)."""
-    now = now or timezone.now()
-    using = inbox_settings.database
-    rows = OutboxMessage.objects.using(using).order_by()
-    pending = rows.filter(status=Status.PENDING).aggregate(n=Count("pk"), oldest=Min("created_at"))
-    stats = OutboxStats(pending=pending["n"], dead=rows.filter(status=Status.DEAD).count())
-    if pending["oldest"] is not None:
-        stats.oldest_pending_age = max((now - pending["oldest"]).total_seconds(), 0.0)
-    # The planner's estimate, scaled to the table's size (reltuples stays at the last ANALYZE).
-    estimate = statements.estimated_rows(using, OutboxMessage._meta.db_table)
-    if estimate > ESTIMATE_ABOVE:
-        stats.sent, stats.sent_estimated = max(estimate - stats.pending - stats.dead, 0), True
-    else:
-        stats.sent = rows.filter(status=Status.SENT).count()
-    stats.counts = {Status.PENDING: stats.pending, Status.SENT: stats.sent, Status.DEAD: stats.dead}
-    return stats
-
-
-def problems(stats: OutboxStats, max_pending_age: float) -> list[tuple[str, float, str]]:
-    """What ``inbox_stats`` and the health view report of the outbox: ``(kind, value,
-    message)`` for dead rows (``outbox_dead``) and a pending row older than
-    ``max_pending_age`` (``outbox_lag``)."""
-    found: list[tuple[str, float, str]] = []
-    if stats.dead:
-        said = f"{stats.dead} outbox message(s) dead: not published after their attempts"
-        found.append(("outbox_dead", stats.dead, said))
-    lag = stats.oldest_pending_age
-    if max_pending_age and lag > max_pending_age:
-        said = (
-            f"the oldest pending outbox message was written {lag:.0f}s ago (limit "
-            f"{max_pending_age:g}s): is a relay running?"
-        )
-        found.append(("outbox_lag", lag, said))
-    return found
 
 
 def purge(*, older_than: float | None = None, batch_size: int = 1000) -> int:

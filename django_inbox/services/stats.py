@@ -95,6 +95,13 @@ class InboxStats:
                     "sent": self.outbox.sent,
                     "dead": self.outbox.dead,
                     "oldest_pending_age": round(self.outbox.oldest_pending_age, 3),
+                    "last_sent_age": (
+                        None
+                        if self.outbox.last_sent_age is None
+                        else round(self.outbox.last_sent_age, 3)
+                    ),
+                    "unclaimed_for": round(self.outbox.unclaimed_for, 3),
+                    "last_failure": self.outbox.last_failure,
                 }
             ),
             "consumers": {

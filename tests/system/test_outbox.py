@@ -4,6 +4,7 @@ and the relay publishing with confirms, marking rows sent, retrying and giving u
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from django.db import transaction
 from django.test import override_settings
+from django.utils import timezone
 from kombu import Connection, Queue
 
 from django_inbox import InvalidPayload, deliver, inbox_handler
@@ -312,3 +314,33 @@ def test_a_row_for_a_missing_exchange_leaves_its_batch_mates_published_exactly_o
     assert stats.sent == 40 and stats.failed == {"pending": 4, "dead": 2}, stats
     for row in OutboxMessage.objects.filter(event_type="bad"):
         assert row.status == Status.DEAD and "NOT_FOUND" in row.last_error, row.last_error
+
+
+def test_inbox_stats_tells_failing_publications_from_nobody_relaying() -> None:
+    """A relay running while the broker returns every publication was reported as "is a relay
+    running?", as if none ran."""
+    from django_inbox.services import collect
+
+    def lag() -> str:
+        [problem] = [p for p in collect(max_pending_age=60).problems if p.kind == "outbox_lag"]
+        return problem.message
+
+    for n in range(3):
+        publish("lost.event", {"n": n}, routing_key="no-queue-has-this-name")
+    old = timezone.now() - timedelta(minutes=10)
+    OutboxMessage.objects.update(created_at=old, next_attempt_at=old)
+    said = lag()  # nothing ever claimed them
+    assert "nothing was sent (no sent message is kept) and no relay has claimed a due" in said
+    assert "is a relay running, and can it reach its database and broker?" in said
+
+    with override_settings(INBOX_OUTBOX_BACKOFF_BASE=300):  # due again well after this test
+        stats = relay().run()
+    assert stats.failed == {"pending": 3}
+    said = lag()
+    assert "is a relay running" not in said, said
+    assert re.search(
+        r"relays claim the pending messages but nothing was sent \(no sent message is kept\); "
+        r"the latest attempt 1 of [-0-9a-f]{36} failed \d+s ago: unroutable: the broker returned"
+        r" it .*'no-queue-has-this-name'",
+        said,
+    ), said

@@ -3,6 +3,7 @@ list and replay of dead rows, the command's refusals, and publish() suppressed i
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -51,6 +52,28 @@ def test_stats_count_the_outbox_and_report_dead_rows_and_lag() -> None:
     }
 
 
+def test_stats_say_relays_are_behind_when_they_send_and_old_rows_wait() -> None:
+    """Rows sent a moment ago: relays run; the lag is a backlog, with the latest failure."""
+    rows(1, status=Status.SENT, sent_at=timezone.now() - timedelta(seconds=5))
+    old = timezone.now() - timedelta(minutes=30)
+    rows(2, created_at=old, next_attempt_at=timezone.now())
+    (failing,) = rows(
+        1, created_at=old, next_attempt_at=timezone.now() + timedelta(seconds=9), attempts=4,
+        last_error="refused by the broker: NOT_FOUND", updated_at=timezone.now(),
+    )  # fmt: skip
+    stats = collect(max_pending_age=60)
+    [lag] = [p.message for p in stats.problems if p.kind == "outbox_lag"]
+    assert lag.startswith("the oldest pending outbox message was written 1800s ago (limit 60s): ")
+    assert re.search(
+        rf"relays are sending \(the last \d+s ago\) but are behind; the latest attempt 4 of "
+        rf"{failing} failed \d+s ago: refused by the broker: NOT_FOUND$",
+        lag,
+    ), lag
+    said = stats.as_dict()["outbox"]
+    assert said["last_sent_age"] >= 5 and said["unclaimed_for"] < 60
+    assert said["last_failure"] == "refused by the broker: NOT_FOUND"
+
+
 @pytest.mark.postgres
 def test_stats_estimate_sent_rows_of_a_large_table_from_its_current_size(
     monkeypatch: pytest.MonkeyPatch,
@@ -60,7 +83,7 @@ def test_stats_estimate_sent_rows_of_a_large_table_from_its_current_size(
     counted, a scan of them all on a large table)."""
     from django.db import connection
 
-    from django_inbox.outbox import services as outbox_services
+    from django_inbox.outbox import health
     from tests.plans import take_statistics
 
     def sent(first: int, last: int) -> None:
@@ -73,7 +96,7 @@ def test_stats_estimate_sent_rows_of_a_large_table_from_its_current_size(
                 f"'', '', '', now() FROM generate_series({first}, {last}) i"
             )
 
-    monkeypatch.setattr(outbox_services, "ESTIMATE_ABOVE", 5000)
+    monkeypatch.setattr(health, "ESTIMATE_ABOVE", 5000)
     sent(1, 2000)
     take_statistics(OutboxMessage._meta.db_table)
     sent(2001, 22000)
