@@ -4,8 +4,8 @@ relays claim them and every attempt fails (the broker returns or refuses them), 
 and are behind.
 
 Each query reads an index: pending and dead rows are counted over their partial indexes, the
-last ``sent_at`` is the end of the sent rows' index, and the due rows are the first entries of
-the pending rows' index (the claim's own order), never the whole backlog.
+last ``sent_at`` is the end of the sent rows' index, and the rows due first the start of the
+pending rows' index (the claim's own order), never the whole backlog.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ ESTIMATE_ABOVE = 1_000_000
 UNCLAIMED_AFTER = 60.0
 #: Seconds since the last row was sent within which relays are said to be sending.
 SENT_RECENTLY = 60.0
-#: Due rows (the first entries of the pending index) read for the latest failed attempt.
+#: Rows of the earliest due time read for the latest failed attempt, at most.
 SAMPLE = 100
 
 
@@ -47,7 +47,8 @@ class OutboxStats:
     counts: dict[str, int] = field(default_factory=dict)
     #: Seconds since a row was last sent (``None``: no sent row is kept).
     last_sent_age: float | None = None
-    #: Seconds the first due pending row has been due, unclaimed (``0``: none is due).
+    #: Seconds the first due pending row has been due, unclaimed (negative: the first is due
+    #: in the future; ``0`` with no due row).
     unclaimed_for: float = 0.0
     #: The latest failed attempt among the first due rows: its error, how long ago, which
     #: attempt of which message (``""``: none failed).
@@ -82,25 +83,29 @@ def collect(now: datetime | None = None) -> OutboxStats:
 
 def _relaying(stats: OutboxStats, using: str, now: datetime) -> None:
     """When a row was last sent, how long the first due row has waited for a claim, and the
-    latest failed attempt among the first :data:`SAMPLE` due rows: the rows a claim takes next.
-    A failed row goes back to them with its backoff, so while relays run and fail, they hold
-    the latest failures; a held row (no due time) is not among them."""
+    latest failed attempt among the rows due first (those of the earliest due time, up to
+    :data:`SAMPLE`): the rows a claim takes next. A failed row goes back among them with its
+    backoff, so while relays run and fail, they carry the latest failures. Each reads an end
+    of an index (``MIN``/``MAX``, an equality on its first column), not the backlog (with
+    statistics from before a backlog, ``MIN`` may read the pending rows, as the count does).
+    """
     rows = OutboxMessage.objects.using(using).order_by()
     last_sent = rows.filter(status=Status.SENT).aggregate(at=Max("sent_at"))["at"]
     if last_sent is not None:
         stats.last_sent_age = max((now - last_sent).total_seconds(), 0.0)
-    due = list(
-        rows.filter(status=Status.PENDING, next_attempt_at__isnull=False)
-        .order_by("next_attempt_at", "pk")  # the pending index's order
-        .values_list("next_attempt_at", "updated_at", "attempts", "last_error", "message_id")[
-            :SAMPLE
-        ]
-    )
-    if due and due[0][0] is not None:
-        stats.unclaimed_for = max((now - due[0][0]).total_seconds(), 0.0)
-    failed = [row for row in due if row[2] and row[3]]
+    pending = rows.filter(status=Status.PENDING)
+    first_due = pending.aggregate(at=Min("next_attempt_at"))["at"]
+    if first_due is None:
+        return
+    stats.unclaimed_for = (now - first_due).total_seconds()  # negative: due in the future
+    head = pending.filter(next_attempt_at=first_due).order_by("next_attempt_at", "pk")
+    failed = [
+        row
+        for row in head.values_list("updated_at", "attempts", "last_error", "message_id")[:SAMPLE]
+        if row[1] and row[2]
+    ]
     if failed:
-        _, at, attempt, error, message_id = max(failed, key=lambda row: row[1])
+        at, attempt, error, message_id = max(failed, key=lambda row: row[0])
         stats.last_failure, stats.last_failure_attempt = error, attempt
         stats.last_failure_age = max((now - at).total_seconds(), 0.0)
         stats.last_failure_message_id = message_id
@@ -132,23 +137,27 @@ def lag_cause(stats: OutboxStats) -> str:
     failure = ""
     if stats.last_failure:
         failure = (
-            f"attempt {stats.last_failure_attempt} of {stats.last_failure_message_id} failed "
-            f"{stats.last_failure_age:.0f}s ago: {stats.last_failure[:300]}"
+            f"the latest, attempt {stats.last_failure_attempt} of "
+            f"{stats.last_failure_message_id} {stats.last_failure_age:.0f}s ago, failed: "
+            f"{stats.last_failure[:300]}"
         )
-    if stats.unclaimed_for > UNCLAIMED_AFTER and not sending:
+    if sending:
+        return f"relays are sending (the last {stats.last_sent_age:.0f}s ago) but are behind" + (
+            f"; {failure}" if failure else ""
+        )
+    if stats.unclaimed_for > UNCLAIMED_AFTER:
         return (
             f"nothing was sent {_since(stats.last_sent_age)} and no relay has claimed a due "
             f"message for {stats.unclaimed_for:.0f}s: is a relay running, and can it reach its "
             "database and broker?"
         )
-    if failure and not sending:
-        return (
-            "relays claim the pending messages but nothing was sent "
-            f"{_since(stats.last_sent_age)}; the latest {failure}"
+    if failure:
+        after = (
+            f" (the next attempt in {-stats.unclaimed_for:.0f}s)" if stats.unclaimed_for < 0 else ""
         )
-    if sending:
-        return f"relays are sending (the last {stats.last_sent_age:.0f}s ago) but are behind" + (
-            f"; the latest {failure}" if failure else ""
+        return (
+            f"nothing was sent {_since(stats.last_sent_age)} and the attempts fail{after}: "
+            f"{failure}"
         )
     return "is a relay running?"
 
