@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from ..conf import inbox_settings
 from ..db import statements
+from ..wording import counted
 from .models import OutboxMessage
 
 Status = OutboxMessage.Status
@@ -117,7 +118,7 @@ def problems(stats: OutboxStats, max_pending_age: float) -> list[tuple[str, floa
     ``max_pending_age`` (``outbox_lag``), saying why it waits (:func:`lag_cause`)."""
     found: list[tuple[str, float, str]] = []
     if stats.dead:
-        said = f"{stats.dead} outbox message(s) dead: not published after their attempts"
+        said = f"{counted(stats.dead, 'outbox message')} dead: not published after their attempts"
         found.append(("outbox_dead", stats.dead, said))
     lag = stats.oldest_pending_age
     if max_pending_age and lag > max_pending_age:

@@ -24,6 +24,7 @@ from django.db import DatabaseError, connections
 from ..conf import inbox_settings
 from ..db.connection import connection_lost
 from ..shutdown import Shutdown
+from ..wording import counted
 from . import rows, services
 from .progress import PROGRESS_EVERY, Progress, describe, masked
 from .publisher import BrokerGone, BrokerUnreachable, Publisher
@@ -158,8 +159,8 @@ class Relay:
         raise BrokerUnreachable(
             f"could not reach the broker at {self.broker} within {waited:.0f}s "
             f"({describe(self._last_error) if self._last_error else 'no answer'}); "
-            f"{services.pending_count(self.using)} outbox "
-            "row(s) pending; check the URL, or wait longer with --wait-for-broker"
+            f"{counted(services.pending_count(self.using), 'outbox row')} pending; check the "
+            "URL, or wait longer with --wait-for-broker"
         )
 
     def _sweep(self) -> None:
@@ -179,7 +180,7 @@ class Relay:
         self._swept_at = time.monotonic()
         self._sweep_every = max(SWEEP_EVERY, (self._swept_at - began) / SWEEP_COST)
         if released:
-            logger.info("outbox relay: released %d held row(s) of settled keys", released)
+            logger.info("outbox relay: released %s of settled keys", counted(released, "held row"))
 
     def _enough(self) -> bool:
         return self.max_messages is not None and self.stats.sent >= self.max_messages

@@ -14,6 +14,7 @@ from ..conf import inbox_settings
 from ..db.aside import with_status
 from ..db.connection import table_exists
 from ..services.actions import ActionOptions, ActionResult, options_of
+from ..wording import counted
 from .health import ESTIMATE_ABOVE as ESTIMATE_ABOVE
 from .health import OutboxStats as OutboxStats
 from .health import collect as collect
@@ -88,8 +89,8 @@ def replay_dead(rows: QuerySet[OutboxMessage], **options: Unpack[ActionOptions])
         sweep(using, now=now)
     if result.total and not dry_run:
         logger.info(
-            "outbox: %d dead row(s) replayed by %s via %s%s",
-            result.total, actor, via, f" (reason: {reason})" if reason else "",
+            "outbox: %s replayed by %s via %s%s",
+            counted(result.total, "dead row"), actor, via, f" (reason: {reason})" if reason else "",
         )  # fmt: skip
     return result
 

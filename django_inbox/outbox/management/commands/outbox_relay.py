@@ -6,6 +6,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from ....conf import inbox_settings
 from ....management.base import MISCONFIGURED, InboxCommand, add_stop_options, seconds
+from ....wording import counted
 from ... import services
 from ...progress import PROGRESS_EVERY, start_line
 from ...publisher import BrokerUnreachable
@@ -124,7 +125,8 @@ def summary(stats: RelayStats, broker: str) -> str:
     pending, a signal at any time)."""
     failed = sum(stats.failed.values())
     outcome = (
-        f"; {failed} publication(s) failed ({stats.failed.get('pending', 0)} to be retried, "
+        f"; {counted(failed, 'publication')} failed ({stats.failed.get('pending', 0)} to be "
+        "retried, "
         f"{stats.failed.get('dead', 0)} dead)"
         if failed
         else ""
