@@ -81,12 +81,16 @@ def encode(headers: dict[str, Any]) -> str:
     if not headers:
         return "{}"
     text = encode_json("headers", headers, max_bytes=HEADERS_MAX_BYTES, bytes_setting=HEADERS_LIMIT)
-    as_sent = json.loads(text)  # what the relay reads back: tuples are lists, keys text
-    check_table(as_sent, "headers")
     from amqp.serialization import dumps
 
     try:
+        as_sent = json.loads(text)  # what the relay reads back: tuples are lists, keys text
+        check_table(as_sent, "headers")
         size = len(dumps("F", [as_sent]))
+    except InvalidPayload:
+        raise
+    except RecursionError:  # INBOX_MAX_JSON_DEPTH set past what Python (and py-amqp) nest
+        raise InvalidPayload("headers are nested too deep for an AMQP field table") from None
     except (ValueError, TypeError, struct.error) as exc:  # a case the walk above missed
         raise InvalidPayload(f"headers cannot be sent as an AMQP field table: {exc}") from None
     if size > HEADERS_MAX_BYTES:
@@ -175,7 +179,7 @@ def _tracestate(value: str) -> str | None:
 
 
 def _baggage(value: str) -> str | None:
-    if len(value.encode("utf-8")) > BAGGAGE_MAX_BYTES:
+    if len(value.encode("utf-8", "surrogatepass")) > BAGGAGE_MAX_BYTES:
         return f"over {BAGGAGE_MAX_BYTES} bytes"
     members = value.split(",")
     if len(members) > BAGGAGE_MAX_MEMBERS:

@@ -130,3 +130,16 @@ def test_trace_headers_that_would_pass_the_header_limit_are_dropped_not_the_even
         sent = published_from({"baggage": "k=" + "v" * 8000}, own=own)
     assert "baggage" not in sent and sent["data"] == own["data"]
     assert "baggage header is not passed on: with it the headers would pass" in caplog.text
+
+
+def test_headers_nested_past_what_amqp_encodes_are_invalid_payload() -> None:
+    """With INBOX_MAX_JSON_DEPTH raised past Python's recursion, py-amqp's table encoder
+    raised RecursionError out of publish()."""
+    from django.test import override_settings
+
+    deep: Any = 1
+    for _ in range(700):  # JSON encodes it; py-amqp's encoder takes two frames a level
+        deep = {"a": deep}
+    with override_settings(INBOX_MAX_JSON_DEPTH=100_000):
+        refused({"deep": deep}, "too deep")
+    assert not OutboxMessage.objects.exists()
