@@ -45,6 +45,9 @@ class ConsumeStats:
     #: Consecutive failures of the inbox's own statements with the connection intact (a lock
     #: or statement timeout): each requeues the message after a growing pause.
     database_errors: int = 0
+    #: Broker entries the transport itself could not read as messages (a raw item in kombu's
+    #: Redis list that is not one of its envelopes): kombu's transport had already removed it.
+    unreadable: int = 0
 
     @property
     def received(self) -> int:
@@ -119,11 +122,19 @@ class Acker:
 
     # -- one message ----------------------------------------------------------------------
 
-    def take(self, message: Any) -> None:
-        """Decide ``message``; acknowledge it once that committed (or hold it in the batch)."""
+    def take(self, message: Any, error: BaseException | None = None) -> None:
+        """Decide ``message``; acknowledge it once that committed (or hold it in the batch).
+
+        ``error``: the transport could not decode the message (a ``compression`` header it
+        cannot apply, say): it is kept ``dead`` under its id with its raw body, or refused.
+        """
         started = time.perf_counter()
         try:
-            decision = self.with_database(lambda: self.intake.decide(message, self.flush))
+            if error is not None:
+                self.flush()  # what came before commits first, as decide() does
+                decision = self.with_database(partial(self.intake.unreadable, message, error))
+            else:
+                decision = self.with_database(lambda: self.intake.decide(message, self.flush))
         except DatabaseMisconfigured:
             raise  # not this message's fault: the command ends, the broker keeps the message
         except DatabaseError as exc:

@@ -1,14 +1,15 @@
 """A guard for py-amqp's frame reader against headers nested past Python's recursion.
 
-py-amqp decodes a message's header table recursively, inside ``drain_events`` and before any
-callback of ours. A sender can nest a table a few thousand levels deep within one frame;
-decoding it raises ``RecursionError`` half-way through the message, the reader is left
+py-amqp decodes a message's properties inside ``drain_events``, before any callback of ours.
+A sender can nest a header table a few thousand levels deep within one frame (decoding it
+raises ``RecursionError``), send a timestamp in milliseconds (a year past 9999) or text that
+is not UTF-8: decoding fails half-way through the message, the reader is left
 expecting its header again, the connection breaks on the body, and the broker redelivers the
 message to the next connection: ``inbox_consume`` would spin on it for ever (or exit, and be
 restarted onto it).
 
-:func:`install` makes the reader use :class:`GuardedMessage`, whose header decoding turns that
-``RecursionError`` into a message whose properties are one header, :data:`UNREADABLE`, saying
+:func:`install` makes the reader use :class:`GuardedMessage`, whose decoding turns such a
+failure into a message whose properties are one header, :data:`UNREADABLE`, saying
 so. The envelope reader takes that for a problem: with an id in its body the message is kept
 ``dead`` with its raw body and the reason, without one it is refused at the broker (rejected
 without requeue, to its dead-letter exchange); never run without its headers (its key and
@@ -39,10 +40,13 @@ class GuardedMessage(Message):  # type: ignore[misc]
     def _load_properties(self, class_id: int, buf: Any, offset: int) -> int:
         try:
             return int(super()._load_properties(class_id, buf, offset))
-        except RecursionError:
+        except Exception as exc:  # RecursionError, UnicodeDecodeError, a date out of range…
+            reason = f"its AMQP properties cannot be decoded ({type(exc).__name__})"
+            if isinstance(exc, RecursionError):
+                reason = REASON
             # Set as py-amqp sets it (a slot of its base class).
-            self.properties = {"application_headers": {UNREADABLE: REASON}}  # type: ignore[misc]
-            logger.error("inbox_consume: a message arrived that cannot be read: %s", REASON)
+            self.properties = {"application_headers": {UNREADABLE: reason}}  # type: ignore[misc]
+            logger.error("inbox_consume: a message arrived that cannot be read: %s", reason)
             return offset
 
 

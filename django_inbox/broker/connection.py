@@ -34,6 +34,8 @@ logger = logging.getLogger("django_inbox")
 
 #: The broker refused what we asked for: retrying cannot help, the configuration must change.
 REFUSALS = (AccessRefused, NotAllowed, NotFound, PreconditionFailed)
+#: Entries the transport cannot read, one after another, before the connection is made again.
+MAX_FAULTS_IN_A_ROW = 10
 
 
 class BrokerMisconfigured(Exception):
@@ -138,6 +140,7 @@ class BrokerConsumer:
         self._last_sweep = 0.0
         self._idle_out = False
         self._reached = False
+        self._faults = 0
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -194,6 +197,7 @@ class BrokerConsumer:
         with connection.Consumer(
             [queue],
             on_message=self._on_message,
+            on_decode_error=self._on_decode_error,
             prefetch_count=self.prefetch,
             auto_declare=self.declare,
         ):
@@ -203,6 +207,7 @@ class BrokerConsumer:
             backoff.reset()
             # Idle time counts only while connected: an unreachable broker is not "idle".
             self._last_message = time.monotonic()
+            broken = (*connection.connection_errors, *connection.channel_errors)
             while not self._finished():
                 try:
                     # While a batch is open, take only what is already here, then commit it.
@@ -212,6 +217,10 @@ class BrokerConsumer:
                         self.acker.flush()
                     else:
                         connection.heartbeat_check()
+                except Exception as exc:
+                    if isinstance(exc, (*broken, DatabaseMisconfigured)):
+                        raise
+                    self._unreadable_entry(exc)
                 self._between_messages()
             self.acker.flush()
 
@@ -267,13 +276,40 @@ class BrokerConsumer:
         if handled:
             self._last_message = time.monotonic()  # retries are work: not idle
 
-    def _on_message(self, message: Any) -> None:
+    def _on_message(self, message: Any, error: BaseException | None = None) -> None:
         if self._stopping():
             # Delivered while the subscription was being cancelled: give it back untouched.
             self.acker.requeue(message)
             return
         self._last_message = time.monotonic()
-        self.acker.take(message)
+        self._faults = 0
+        self.acker.take(message, error)
+
+    def _on_decode_error(self, message: Any, exc: BaseException) -> None:
+        """kombu could not decode a message it delivered (a ``compression`` header it cannot
+        apply): kept dead under its id with its raw body, or refused; never requeued."""
+        self._on_message(message, exc)
+
+    def _unreadable_entry(self, exc: Exception) -> None:
+        """The transport failed on an entry before making a message of it: kombu's Redis
+        transport has already popped an item that is not one of its envelopes (it is lost
+        with it: kombu's Redis lists cannot give it back), or py-amqp could not decode a
+        delivery's arguments (the message stays unacknowledged until the connection ends).
+        Logged and counted; the loop goes on. Many in a row: the connection is made again."""
+        self.acker.stats.unreadable += 1
+        self._faults += 1
+        logger.error(
+            "inbox_consume %s: the %s transport could not read an entry of queue %s as a "
+            "message (%s); it is not in the inbox (kombu's Redis transport has removed it; "
+            "over AMQP it goes back to the queue when this connection closes)",
+            self.consumer,
+            self.broker_url.split(":", 1)[0],
+            self.queue_name,
+            exception_text(exc),
+        )
+        if self._faults >= MAX_FAULTS_IN_A_ROW:
+            self._faults = 0
+            raise BrokerUnavailable(f"{MAX_FAULTS_IN_A_ROW} unreadable entries in a row") from exc
 
 
 def _release(connection: Connection) -> None:

@@ -8,6 +8,7 @@ read) and acknowledged. Mistakes in the command line end at once with exit 2 and
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 import time
@@ -279,4 +280,142 @@ def test_amqp_headers_nested_past_python_are_refused_or_kept_dead_never_a_loop(
     assert rows["body-id"].status == Status.DEAD
     assert "AMQP properties are nested too deeply" in rows["body-id"].last_error
     assert json.loads(rows["body-id"].payload["raw"])["id"] == "body-id", "raw body kept"
+    assert rows["fine"].status == Status.COMPLETED
+
+
+# --- what the transport cannot read, before the inbox sees a message -------------------------
+
+
+def test_redis_list_entries_that_are_not_kombu_messages_never_stop_the_consumer(
+    manage: Manage,
+) -> None:
+    """kombu's Redis transport pops an entry, then decodes its envelope inside drain_events:
+    an entry that is not one (raw text, a JSON list, nesting past Python's recursion) raised
+    out of it and ended inbox_consume (exit 1) on each. They are logged and counted now; the
+    entry itself was already taken by kombu (a limit of its Redis lists, see the docs)."""
+    import redis
+
+    broker = brokers.REDIS
+    queue = brokers.new_queue_name("hostile-raw")
+    client = redis.Redis.from_url(broker)
+    try:
+        brokers.publish(broker, queue, [{"id": "before", "type": "effect.write", "body": {}}])
+        for raw in ("not json at all", "[1, 2, 3]", "[" * 100_000 + "]" * 100_000):
+            client.lpush(queue, raw)
+        brokers.publish(broker, queue, [{"id": "after", "type": "effect.write", "body": {}}])
+
+        proc = consume(manage, broker, queue, "--until-idle", "2")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        brokers.delete_queue(broker, queue)
+
+    assert proc.returncode == 0, err[-3000:]
+    assert "unreadable 3" in out and "reconnects 0" in out
+    assert err.count("could not read an entry of queue") == 3
+    statuses = dict(InboxMessage.objects.values_list("message_id", "status"))
+    assert statuses == {"before": Status.COMPLETED, "after": Status.COMPLETED}
+
+
+@pytest.mark.parametrize("broker", list(brokers.BROKERS.values()), ids=list(brokers.BROKERS))
+def test_a_compression_kombu_cannot_apply_is_kept_dead_not_a_crash_loop(
+    manage: Manage, broker: str
+) -> None:
+    queue = brokers.new_queue_name("hostile-compression")
+    try:
+        brokers.publish(
+            broker,
+            queue,
+            [
+                {"id": "compressed-none", "type": "effect.write", "body": {"n": 1},
+                 "headers": {"compression": "none"}},
+                {"id": "compressed-gzip", "type": "effect.write", "body": {"n": 2},
+                 "headers": {"compression": "application/x-gzip"}},
+                {"id": "fine", "type": "effect.write", "body": {"n": 3}},
+            ],
+        )  # fmt: skip
+        for run in range(2):  # the first run ended with exit 1, and so did every next one
+            proc = consume(manage, broker, queue, "--until-idle", "2")
+            _out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, (run, err[-3000:])
+        assert brokers.queue_depth(broker, queue) == 0
+    finally:
+        brokers.delete_queue(broker, queue)
+    rows = {row.message_id: row for row in InboxMessage.objects.filter(consumer="stream")}
+    for name in ("compressed-none", "compressed-gzip"):
+        assert rows[name].status == Status.DEAD
+        assert rows[name].last_error.startswith("Unreadable: the message could not be read")
+        assert rows[name].payload["raw"], "the raw body is kept"
+    assert rows["fine"].status == Status.COMPLETED
+
+
+def _raw_properties(**fields: bytes) -> bytes:
+    """AMQP basic properties as a sender may write them, undecodable ones included."""
+    names = ["content_type", "content_encoding", "application_headers", "delivery_mode",
+             "priority", "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
+             "type"]  # fmt: skip
+    flags, out = 0, b""
+    for index, name in enumerate(names):
+        if name in fields:
+            flags |= 1 << (15 - index)
+            out += fields[name]
+    return struct.pack(">H", flags) + out
+
+
+def _shortstr(value: bytes) -> bytes:
+    return struct.pack("B", len(value)) + value
+
+
+def test_amqp_properties_that_cannot_be_decoded_are_kept_dead_or_refused(
+    manage: Manage, amqp_queue: str
+) -> None:
+    """A timestamp header sent in milliseconds (a year past 9999) or a property that is not
+    UTF-8 failed py-amqp's decoding half-way through the message: a crash loop before."""
+    import amqp
+    from amqp.basic_message import Message
+
+    class Raw(Message):  # type: ignore[misc]
+        __slots__ = ("raw",)
+
+        def _serialize_properties(self) -> bytes:
+            return self.raw
+
+    entry = _shortstr(b"sent_at") + b"T" + struct.pack(">Q", 1732680000000)
+    millis = struct.pack(">I", len(entry)) + entry
+    cases = {
+        b'{"id": "millis", "type": "effect.write"}': _raw_properties(
+            content_type=_shortstr(b"application/json"),
+            application_headers=millis,
+            message_id=_shortstr(b"millis"),
+        ),
+        b'{"id": "not-utf8", "type": "effect.write"}': _raw_properties(
+            message_id=_shortstr(b"rt-\xff\xfe"),
+        ),
+        b'{"type": "effect.write"}': _raw_properties(type=_shortstr(b"effect.\xff")),
+    }
+    connection = amqp.Connection("127.0.0.1:5672", userid="guest", password="guest")
+    connection.connect()
+    try:
+        channel = connection.channel()
+        channel.queue_declare(amqp_queue, durable=True, auto_delete=False)
+        for body, properties in cases.items():
+            message = Raw(body)
+            message.raw = properties
+            channel.basic_publish(message, exchange="", routing_key=amqp_queue)
+    finally:
+        connection.close()
+    brokers.publish(
+        brokers.RABBITMQ, amqp_queue, [{"id": "fine", "type": "effect.write", "body": {}}]
+    )
+
+    proc = consume(manage, brokers.RABBITMQ, amqp_queue, "--until-idle", "2")
+    out, err = proc.communicate(timeout=120)
+
+    assert proc.returncode == 0, err[-3000:]
+    assert "refused 1" in out, "the one whose only id was in its lost properties"
+    assert brokers.queue_depth(brokers.RABBITMQ, amqp_queue) == 0
+    rows = {row.message_id: row for row in InboxMessage.objects.filter(consumer="stream")}
+    assert set(rows) == {"millis", "not-utf8", "fine"}
+    for name in ("millis", "not-utf8"):
+        assert rows[name].status == Status.DEAD
+        assert "properties cannot be decoded" in rows[name].last_error
     assert rows["fine"].status == Status.COMPLETED

@@ -216,7 +216,8 @@ def start_line(worker: BrokerConsumer, masked_url: str) -> str:
 
 def summary(stats: ConsumeStats) -> str:
     counts = ", ".join(f"{k} {v}" for k, v in sorted(stats.outcomes.items())) or "nothing"
+    unreadable = f", unreadable {stats.unreadable}" if stats.unreadable else ""
     return (
         f"inbox_consume: acked {stats.acked} ({counts}), refused {stats.refused}, "
-        f"requeued {stats.requeued}, reconnects {stats.reconnects}"
+        f"requeued {stats.requeued}, reconnects {stats.reconnects}{unreadable}"
     )
