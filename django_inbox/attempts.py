@@ -100,9 +100,10 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
 def unreadable_reason(message: InboxMessage) -> str | None:
     """Why a claimed row's payload or headers cannot be shown to a handler, or ``None``."""
     for name in ("payload", "headers"):
-        if isinstance(getattr(message, name), UnreadableJSON):
+        value = getattr(message, name)
+        if isinstance(value, UnreadableJSON):
             return (
-                f"the stored {name} is {UnreadableJSON.reason} (Python "
+                f"the stored {name} is {value.reason} (Python "
                 f"{platform.python_version()}, recursion limit {sys.getrecursionlimit()}): it "
                 "was stored before INBOX_MAX_JSON_DEPTH was checked, or not by the inbox; "
                 "the handler did not run"

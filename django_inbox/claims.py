@@ -11,7 +11,8 @@ import time
 from datetime import timedelta
 
 from django.db import connections, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, QuerySet, Value
+from django.db.models.functions import Least
 from django.utils import timezone
 
 from . import interruptions, leases
@@ -19,7 +20,7 @@ from .conf import inbox_settings
 from .db import statements
 from .db.aside import with_status
 from .db.connection import connection_lost
-from .models import POLLED_STATUSES, InboxMessage
+from .models import ATTEMPTS_MAX, POLLED_STATUSES, InboxMessage
 from .takeover import take_over
 
 Status = InboxMessage.Status
@@ -110,7 +111,7 @@ def _claim(
         chosen = with_status(rows.filter(pk__in=ids, next_attempt_at__lte=now), *POLLED_STATUSES)
         chosen.update(
             status=Status.IN_PROGRESS,
-            attempts=F("attempts") + 1,
+            attempts=Least(F("attempts"), Value(ATTEMPTS_MAX - 1)) + 1,
             lease_id=lease_id,
             locked_until=until,
             next_attempt_at=until,

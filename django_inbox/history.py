@@ -2,12 +2,14 @@
 
 Every entry is a JSON object with ``kind`` (``"error"`` for a failed attempt, including one
 whose worker died, ``"LeaseExpired"``; ``"replay"``, ``"park"``, ``"retry"``, ``"skip"`` for
-operator actions; ``"suppressed"`` for a ``@side_effect`` call a re-run did not make), ``at``
-(ISO 8601) and fields of its kind.
+operator actions; ``"suppressed"`` for a ``@side_effect`` call a re-run did not make;
+``"unreadable"`` for what a row held that was no entry, see :func:`readable`), ``at`` (ISO
+8601) and fields of its kind.
 """
 
 from __future__ import annotations
 
+import json
 import traceback
 from datetime import datetime
 from typing import Any
@@ -74,9 +76,49 @@ def summary(entry: dict[str, Any]) -> str:
     return text[:MAX_MESSAGE]
 
 
+#: Fields of an entry that readers treat as text (sliced, parsed as times, printed).
+_TEXT_FIELDS = ("at", "retry_at", "type", "message", "traceback", "by", "via", "reason", "from")
+
+
+def readable(stored: Any) -> list[dict[str, Any]]:
+    """A stored ``history`` as a list of entries every reader can show, whatever the row holds.
+
+    The inbox writes only well-formed entries, but a row written by hand or by another program
+    may hold anything: ``null``, a string, entries that are not objects or lack a ``kind``,
+    times that are numbers, a value too deep to decode. Such parts become ``"unreadable"``
+    entries that keep their text; text fields of other types become text. The next change of
+    the row writes the cleaned list back.
+    """
+    if stored is None:
+        return []
+    items = stored if isinstance(stored, list) else [stored]
+    entries = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
+            entries.append({"kind": "unreadable", "stored": _as_text(item)})
+            continue
+        fixed = {
+            name: _as_text(item[name])
+            for name in _TEXT_FIELDS
+            if item.get(name) is not None and not isinstance(item[name], str)
+        }
+        entries.append({**item, **fixed} if fixed else item)
+    return entries
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return storable(value)[:MAX_MESSAGE]
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):
+        text = storable(value)
+    return storable(text)[:MAX_MESSAGE]
+
+
 def append(history: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
     """``history`` with ``entry`` added, keeping the first entry and the newest ones."""
-    entries = [*history, entry]
+    entries = [*readable(history), entry]
     if len(entries) > MAX_ENTRIES:
         entries = [entries[0], *entries[-(MAX_ENTRIES - 1) :]]
     return entries

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import Case, F, QuerySet, Value, When
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from . import history
@@ -53,6 +54,10 @@ def fenced(row: InboxMessage, using: str) -> QuerySet[InboxMessage]:
     return InboxMessage.objects.using(using).filter(pk=row.pk, lease_id=fence(row.lease_id))
 
 
+#: The attempt a claim counted, taken back: never below 0 (a row written by hand may hold 0).
+UNCOUNTED = Greatest(F("attempts") - 1, Value(0))
+
+
 def _cleared(now: datetime) -> dict[str, Any]:
     """What leaving ``in_progress`` clears: the lease and its expiry."""
     return {"locked_until": None, "lease_id": "", "updated_at": now}
@@ -63,7 +68,7 @@ def _given_back(row: InboxMessage, now: datetime) -> dict[str, Any]:
     return {
         **_cleared(now),
         "status": Status.RECEIVED if row.attempts <= 1 else Status.FAILED,
-        "attempts": F("attempts") - 1,
+        "attempts": UNCOUNTED,
         "next_attempt_at": now,
     }
 
@@ -124,9 +129,7 @@ def set_aside(
     """A claimed row an ordered consumer does not run now (``skipped``, ``waiting``): its
     lease cleared and its claim's attempt taken back."""
     return bool(
-        fenced(row, using).update(
-            **_cleared(now), status=status, attempts=F("attempts") - 1, **changes
-        )
+        fenced(row, using).update(**_cleared(now), status=status, attempts=UNCOUNTED, **changes)
     )
 
 
@@ -148,7 +151,7 @@ def release_lease(lease_id: str, now: datetime, using: str) -> int:
             status=Case(
                 When(attempts__lte=1, then=Value(Status.RECEIVED)), default=Value(Status.FAILED)
             ),
-            attempts=F("attempts") - 1,
+            attempts=UNCOUNTED,
             next_attempt_at=now,
         )
     )
@@ -156,7 +159,7 @@ def release_lease(lease_id: str, now: datetime, using: str) -> int:
 
 def uncount(row: InboxMessage, using: str) -> None:
     """Take back the attempt a dead worker's claim counted, the row staying claimed."""
-    InboxMessage.objects.using(using).filter(pk=row.pk).update(attempts=F("attempts") - 1)
+    InboxMessage.objects.using(using).filter(pk=row.pk).update(attempts=UNCOUNTED)
 
 
 def abandoned(

@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .db.identity import identified, identity_keywords
-from .db.json import StoredJSONField
+from .db.json import HistoryField, StoredJSONField
 
 #: Statuses a worker polls. For ``in_progress`` rows ``next_attempt_at`` is the lease expiry,
 #: so one indexed predicate (``status IN … AND next_attempt_at <= now``) finds every row
@@ -20,6 +20,11 @@ from .db.json import StoredJSONField
 POLLED_STATUSES = ("received", "failed", "in_progress")
 #: Statuses that wait for an operator (or, for ``dead``, a purge with a dead retention).
 ATTENTION_STATUSES = ("dead", "parked")
+
+
+#: The most attempts a row counts: ``attempts`` is a ``PositiveIntegerField``, an ``integer``
+#: on PostgreSQL. A claim stops counting there instead of failing on the row for ever.
+ATTEMPTS_MAX = 2**31 - 1
 
 
 class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
@@ -102,7 +107,7 @@ class InboxMessage(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.RECEIVED)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
-    history = models.JSONField(
+    history = HistoryField(
         default=list,
         blank=True,
         help_text=_("One entry per failed attempt and per operator action, oldest first."),

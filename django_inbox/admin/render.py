@@ -16,6 +16,7 @@ from ..db.json import UnreadableJSON
 from ..models import InboxMessage
 from ..services import PROBLEM_KINDS, STATUSES, collect
 from ..text import cut
+from ..wording import counted
 
 #: Symbol shown before each status, so the status reads without colour too.
 STATUS_SYMBOLS = {
@@ -87,8 +88,11 @@ def _raw_json(text: str, note: str) -> SafeString:
 def _when(value: str | datetime | None) -> str:
     if value is None:
         return ""
-    moment = parse_datetime(value) if isinstance(value, str) else value
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else str(value)
+    try:
+        moment = parse_datetime(value) if isinstance(value, str) else value
+        return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else str(value)
+    except (ValueError, TypeError, AttributeError):  # a history entry written by hand
+        return str(value)
 
 
 def _error_item(entry: dict[str, Any], *, errors: bool) -> SafeString:
@@ -142,15 +146,21 @@ def _action_item(entry: dict[str, Any]) -> SafeString:
     reason = format_html(": “{}”", entry["reason"]) if entry.get("reason") else ""
     return format_html(
         '<li class="inbox-event inbox-event-action"><time>{}</time> <strong>{}</strong> '
-        "by {} via {} (was {}, {} attempts){}</li>",
+        "by {} via {} (was {}, {}){}</li>",
         _when(entry.get("at")),
         _ACTION_VERBS.get(entry.get("kind", ""), entry.get("kind", "")),
         entry.get("by", "?"),
         entry.get("via", "?"),
         entry.get("from", "?"),
-        entry.get("attempts", "?"),
+        _attempts(entry.get("attempts")),
         reason,
     )
+
+
+def _attempts(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return counted(value, "attempt")
+    return "? attempts"
 
 
 def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
@@ -171,6 +181,14 @@ def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
             items.append(_error_item(entry, errors=errors))
         elif entry.get("kind") == "interrupted":
             items.append(_interrupted_item(entry, errors=errors))
+        elif entry.get("kind") == "unreadable":
+            items.append(
+                format_html(
+                    '<li class="inbox-event"><strong>An entry that is not one of the inbox\'s'
+                    "</strong>{}</li>",
+                    format_html(": <code>{}</code>", entry.get("stored", "")) if errors else "",
+                )
+            )
         elif entry.get("kind") in _ORDERING_KINDS:
             items.append(
                 format_html(

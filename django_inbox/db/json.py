@@ -45,6 +45,10 @@ class StoredJSONField(models.JSONField):
             return super().from_db_value(value, expression, connection)
         except RecursionError:
             return UnreadableJSON(value)
+        except ValueError:  # an integer of more digits than int() takes (4,300)
+            text = UnreadableJSON(value)
+            text.reason = "holding a number with more digits than this Python process reads"
+            return text
 
     def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
         if isinstance(value, UnreadableJSON):
@@ -55,3 +59,13 @@ class StoredJSONField(models.JSONField):
     def deconstruct(self) -> Any:
         name, _, args, kwargs = super().deconstruct()
         return name, "django.db.models.JSONField", args, kwargs
+
+
+class HistoryField(StoredJSONField):
+    """A row's ``history``, read as a list of entries every reader can show
+    (:func:`django_inbox.history.readable`), whatever the row holds."""
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        from ..history import readable
+
+        return readable(super().from_db_value(value, expression, connection))

@@ -110,3 +110,63 @@ def test_a_relay_records_an_unreadable_row_dead_and_publishes_the_rest(
         while (message := broker.default_channel.basic_get(queue, no_ack=True)) is not None:
             bodies.append(json.loads(message.body))
     assert sorted(body["n"] for body in bodies) == [1, 2, 3]
+
+
+# --- rows written by hand or by another program ---------------------------------------------
+
+#: SQL ``SET`` clauses a hand-made row may hold, and what its handler's run must end in.
+HAND_MADE = {
+    "history-null": ("history = 'null'", Status.COMPLETED),
+    "history-number": ("history = '5'", Status.COMPLETED),
+    "history-text": ("history = '\"abc\"'", Status.COMPLETED),
+    "history-not-entries": (
+        'history = \'[1, null, {"kind": ["a"]}, {"at": 5}]\'',
+        Status.COMPLETED,
+    ),
+    "history-deep": (f"history = '{'[' * DEPTH}{']' * DEPTH}'", Status.COMPLETED),
+    "payload-5000-digits": (f"payload = '{{\"a\": {'9' * 5000}}}'", Status.DEAD),
+    "attempts-at-the-column-max": ("attempts = 2147483647", Status.COMPLETED),
+}
+
+
+@pytest.mark.parametrize("case", list(HAND_MADE))
+def test_rows_written_by_hand_never_stop_a_worker(manage: Manage, case: str) -> None:
+    """Each made every inbox_process exit at its claim or its failure (a DataError past the
+    attempts column, a TypeError appending to a history that is no list, a ValueError
+    decoding 5,000 digits), the row stayed first in line and the consumer's other rows waited
+    for ever. A failing handler is the harder case: its failure appends to the history."""
+    change, ends = HAND_MADE[case]
+    for message_id in ("hand-made", "behind"):
+        store(consumer="effects", message_id=message_id, event_type="effect.write", payload={})
+    failing = InboxMessage.objects.get(message_id="hand-made")
+    table = InboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {change} WHERE id = %s", [failing.pk])
+
+    finish(manage("inbox_process", "--consumer", "effects", "--until-idle", "1"))
+
+    row = InboxMessage.objects.get(pk=failing.pk)
+    assert row.status == ends, row.last_error
+    assert InboxMessage.objects.get(message_id="behind").status == Status.COMPLETED
+    assert all(isinstance(entry, dict) and "kind" in entry for entry in row.history)
+
+
+@pytest.mark.parametrize("change", ["history = 'null'", "history = '[1, \"x\"]'"])
+def test_a_failing_handler_records_its_failure_whatever_the_history_held(
+    manage: Manage, change: str
+) -> None:
+    store(
+        consumer="effects", message_id="fails", event_type="effect.write",
+        payload={"fail_always": True},
+    )  # fmt: skip
+    table = InboxMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {change} WHERE message_id = 'fails'")
+
+    finish(manage("inbox_process", "--consumer", "effects", "--until-idle", "1"))
+
+    row = InboxMessage.objects.get(message_id="fails")
+    assert row.status in (Status.FAILED, Status.DEAD)
+    assert row.errors, "the failure is in the history"
+    if change != "history = 'null'":
+        assert row.history[0]["kind"] == "unreadable", "what the row held is kept as text"

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connections
 
-from ...models import InboxMessage
+from ...models import ATTEMPTS_MAX, InboxMessage
 from .. import preparing
 from .common import (
     JSON_COLUMNS,
@@ -29,7 +29,8 @@ def _claim_sql(quote: Any, table: str, where: str) -> str:
     names = [quote(field.attname) for field in InboxMessage._meta.concrete_fields]
     return (
         f"UPDATE {table} SET {quote('status')} = {status_literal(Status.IN_PROGRESS)}, "
-        f"{quote('attempts')} = {quote('attempts')} + 1, {quote('lease_id')} = %s, "
+        f"{quote('attempts')} = LEAST({quote('attempts')}, {ATTEMPTS_MAX - 1}) + 1, "
+        f"{quote('lease_id')} = %s, "
         f"{quote('locked_until')} = %s, {quote('next_attempt_at')} = %s, "
         f"{quote('updated_at')} = %s WHERE {where} RETURNING {', '.join(names)}"
     )

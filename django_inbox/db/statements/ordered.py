@@ -160,7 +160,8 @@ def set_aside(
     def build(quote: Any, table: str) -> str:
         return (
             f"UPDATE {table} SET {quote('status')} = {status_literal(status)}, "
-            f"{quote('attempts')} = {quote('attempts')} - 1, {quote('lease_id')} = '', "
+            f"{quote('attempts')} = GREATEST({quote('attempts')} - 1, 0), "
+            f"{quote('lease_id')} = '', "
             f"{quote('locked_until')} = NULL, {quote('next_attempt_at')} = %s, "
             f"{quote('last_error')} = %s, {quote('updated_at')} = %s"
             + (f", {quote('processed_at')} = %s" if skipped else "")

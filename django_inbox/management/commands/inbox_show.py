@@ -5,6 +5,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from ...db.json import UnreadableJSON
 from ...models import InboxMessage
 from ...services import find
 from ...wording import counted
@@ -72,9 +73,20 @@ def describe(message: InboxMessage, payload: bool) -> dict[str, Any]:
         "history": message.history,
     }
     if payload:
-        data["payload"] = message.payload
-        data["headers"] = message.headers
+        data["payload"] = _showable(message.payload)
+        data["headers"] = _showable(message.headers)
     return data
+
+
+def _showable(value: Any) -> Any:
+    """``value`` if it can be written as JSON here, else its text with why."""
+    if isinstance(value, UnreadableJSON):
+        return {"stored_text": str(value), "unreadable": value.reason}
+    try:
+        json.dumps(value)
+    except RecursionError:
+        return {"unreadable": "nested too deeply to show"}
+    return value
 
 
 def _when(value: Any) -> str:
@@ -108,7 +120,7 @@ def render(message: InboxMessage, payload: bool) -> str:
                 f"x{entry.get('calls', 1)} (re-run)"
             )
         elif "by" not in entry:  # the inbox's own entries: interrupted, gap, past_gap
-            kind, said = entry.get("kind"), str(entry.get("message", ""))
+            kind, said = entry.get("kind"), str(entry.get("message") or entry.get("stored", ""))
             said = said.removeprefix(f"{kind}: ")  # a gap's message starts "gap: " already
             lines.append(f"  {at}  {kind}: {said}")
         else:
@@ -118,6 +130,16 @@ def render(message: InboxMessage, payload: bool) -> str:
                 f"(was {entry.get('from')}){reason}"
             )
     if payload:
-        lines.append("  payload     " + json.dumps(message.payload, ensure_ascii=False))
-        lines.append("  headers     " + json.dumps(message.headers, ensure_ascii=False))
+        lines.append("  payload     " + _json(message.payload))
+        lines.append("  headers     " + _json(message.headers))
     return "\n".join(lines)
+
+
+def _json(value: Any) -> str:
+    """A stored value as JSON text; one this process cannot decode or encode, as stored."""
+    if isinstance(value, UnreadableJSON):
+        return f"(shown as stored: {value.reason}) {value}"
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except RecursionError:
+        return "(nested too deeply to show)"
