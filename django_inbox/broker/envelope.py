@@ -11,9 +11,10 @@ import binascii
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any, Protocol
+from uuid import UUID
 
 from .amqp_guard import UNREADABLE
 
@@ -81,7 +82,8 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
     kept as ``{"raw": …, "raw_encoding": "utf-8"|"base64", …}``, cut at ``raw_limit`` bytes.
     """
     properties = message.properties or {}
-    headers = _json_safe(dict(message.headers or {}))
+    raw_headers = dict(message.headers or {})
+    headers = _json_safe(raw_headers)
     content_type = (message.content_type or "").split(";")[0].strip().lower()
     raw = message.body if isinstance(message.body, bytes) else str(message.body).encode()
 
@@ -100,11 +102,26 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
 
     ce_id = _first(headers, "ce-id", "ce_id") or _text(ce_attributes.get("id"))
     ce_source = _first(headers, "ce-source", "ce_source") or _text(ce_attributes.get("source"))
-    message_id = _text(properties.get("message_id")) or _first(headers, "message_id")
+    message_id: str | None = _text(properties.get("message_id")) or _first(headers, "message_id")
     if not message_id and ce_id:
         message_id = f"{ce_source}#{ce_id}" if ce_source else ce_id
     if not message_id and isinstance(body, dict) and cloudevent is None:
         message_id = _text(body.get("id"))
+    unusable = _unusable(raw_headers, ID_HEADERS) or _unusable(ce_attributes, ("id", "source"))
+    if not _text(properties.get("message_id")) and "#" in ce_source and ce_id:
+        unusable = unusable or (
+            f"its CloudEvents source {ce_source[:100]!r} holds '#', which makes the identity "
+            "source#id ambiguous"
+        )
+    if unusable:
+        # Never an id read around the one that could not be read: it could be another's.
+        message_id, problem = None, f"the message's id cannot be read: {unusable}"
+    else:
+        order = _unusable(raw_headers, ORDER_HEADERS) or _unusable(
+            ce_attributes, ("type", "partitionkey")
+        )
+        if order:
+            problem = problem or f"the message's type or key cannot be read: {order}"
 
     event_type = (
         _text(properties.get("type"))
@@ -127,6 +144,34 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
         redelivered=_redelivered(message, headers),
         problem=problem,
     )
+
+
+#: Headers that name a message (its id, or a CloudEvent's parts of it), and those that say
+#: what it is and where it goes in its key's order: read as text, never guessed at.
+ID_HEADERS = ("message_id", "ce-id", "ce_id", "ce-source", "ce_source")
+ORDER_HEADERS = (
+    "ce-type", "ce_type", "event_type", "ce-partitionkey", "ce_partitionkey", "partition_key",
+    "key",
+)  # fmt: skip
+
+
+def _unusable(values: dict[str, Any], names: tuple[str, ...]) -> str | None:
+    """Why one of ``names`` in ``values`` is no text (an id as an AMQP table, a key as a list,
+    bytes that are not UTF-8), or ``None``. Read as text anyway, such a value becomes ``""``
+    or hex: another message's id, no key at all, or another aggregate's."""
+    for name in names:
+        value = values.get(name)
+        if value is None or isinstance(value, str):
+            continue
+        if isinstance(value, bytes):
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"{name!r} is bytes that are not UTF-8 text"
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{name!r} is {type(value).__name__}, not text"
+    return None
 
 
 def _sequence(headers: dict[str, Any], ce_attributes: dict[str, Any]) -> Any:
@@ -275,8 +320,10 @@ def _json_safe(value: Any) -> Any:
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
-    if isinstance(value, (datetime, date)):
+    if isinstance(value, (datetime, date, time)):
         return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, bytes):

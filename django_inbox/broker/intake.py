@@ -123,11 +123,13 @@ class Intake:
     def _decide(self, envelope: Envelope) -> Decision:
         if not envelope.message_id:
             logger.error(
-                "inbox_consume %s: refused a message without an id from queue %s (type %s); "
-                "an id invented here would defeat deduplication",
+                "inbox_consume %s: refused a message without an id from queue %s (type %s); %s",
                 self.consumer,
                 self.queue_name,
                 storable(envelope.event_type or "-"),
+                storable(envelope.problem)
+                if envelope.problem
+                else "an id invented here would defeat deduplication",
             )
             return Decision(Action.REFUSE, "refused")
         message_id = envelope.message_id

@@ -858,3 +858,64 @@ def test_sequence(headers: dict[str, Any], expected: Any) -> None:
 
 def test_structured_cloudevent_gives_its_sequence() -> None:
     assert parsed(cloudevent(sequence="12"), content_type=CLOUDEVENTS).sequence == "12"
+
+
+# --- identities and keys that cannot be read as text -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"message_id": b"\xab\xcd"},  # read as the hex "abcd": another message's id
+        {"message_id": {"a": 1}},
+        {"message_id": [1, 2]},
+        {"message_id": True},
+        {"ce-id": b"\xff", "ce-source": "/orders"},
+        {"ce-id": "1", "ce-source": b"\xff\xfe"},
+    ],
+)
+def test_an_id_that_is_not_text_is_never_read_around(headers: dict[str, Any]) -> None:
+    """The id is refused, never replaced by the body's ``id`` or a hex spelling."""
+    envelope = parse(kombu_message({"id": "abcd", "type": "t"}, headers=headers))
+    assert envelope.message_id is None
+    assert envelope.problem is not None and "the message's id cannot be read" in envelope.problem
+
+
+def test_a_cloudevents_source_with_a_hash_is_refused_not_merged() -> None:
+    """("/orders#1", "2") and ("/orders", "1#2") both read "/orders#1#2"."""
+    first = parse(kombu_message({}, headers={"ce-source": "/orders#1", "ce-id": "2"}))
+    second = parse(kombu_message({}, headers={"ce-source": "/orders", "ce-id": "1#2"}))
+    assert first.message_id is None and "holds '#'" in (first.problem or "")
+    assert second.message_id == "/orders#1#2"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"partition_key": [1]},
+        {"key": {"a": 1}},
+        {"key": True},
+        {"ce-partitionkey": b"\xff\x01"},  # read as the hex "ff01": another aggregate's key
+        {"event_type": ["t"]},
+    ],
+)
+def test_a_key_or_type_that_is_not_text_keeps_the_message_dead(headers: dict[str, Any]) -> None:
+    """Read as text, such a key became "" and an ordered consumer ran the version unordered."""
+    envelope = parse(kombu_message({"n": 1}, headers=headers, message_id="m-1", type="t"))
+    assert envelope.message_id == "m-1"
+    assert envelope.problem is not None and "type or key cannot be read" in envelope.problem
+
+
+def test_numbers_as_ids_and_keys_are_text() -> None:
+    envelope = parse(kombu_message({}, headers={"message_id": 42, "key": 7}, type="t"))
+    assert (envelope.message_id, envelope.key, envelope.problem) == ("42", "7", None)
+
+
+def test_uuid_and_time_headers_are_kept_as_text() -> None:
+    from datetime import time
+
+    value = uuid.uuid4()
+    envelope = parse(
+        kombu_message({}, headers={"u": value, "t": time(12, 30)}, message_id="m", type="t")
+    )
+    assert envelope.headers["u"] == str(value) and envelope.headers["t"] == "12:30:00"
