@@ -1,6 +1,6 @@
 """The system checks of the inbox's database: it must be in ``DATABASES``, with real
-transactions (E008, E009), on an engine the guarantees are tested on (W002), and keep its
-workers' connections long enough (W004). Tagged ``database``; run by a plain
+transactions (E008, E009), on an engine the guarantees are tested on (W002), keep its
+workers' connections long enough (W004) and store any text (W005, asked of the server). Tagged ``database``; run by a plain
 ``manage.py check``."""
 
 from __future__ import annotations
@@ -58,7 +58,40 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     errors += _reconnecting(alias, config, engine)
+    if alias in (kwargs.get("databases") or ()):
+        errors += _encoding(alias)
     return errors
+
+
+def _encoding(alias: str) -> list[CheckMessage]:
+    """W005: a PostgreSQL database whose encoding is not UTF-8 refuses text outside it (an
+    emoji in a payload) with a ``DataError``: not a ``ValueError`` the caller can tell from an
+    outage, so a broker consumer requeues such a message again and again. Asked of the server
+    only when checks run for this database (``migrate``, ``check --database``)."""
+    from django.db import DatabaseError, connections
+
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return []
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_encoding")
+            encoding = str(cursor.fetchone()[0])
+    except DatabaseError:
+        return []  # unreachable: other checks and commands say so
+    if encoding.upper().replace("-", "") == "UTF8":
+        return []
+    return [
+        Warning(
+            f"The database of DATABASES[{alias!r}] is encoded in {encoding}, not UTF-8: "
+            "messages with text outside it cannot be stored.",
+            hint=(
+                "deliver() and store() raise DataError for them, and inbox_consume requeues "
+                "them again and again. Create the database with ENCODING 'UTF8'."
+            ),
+            id="django_inbox.W005",
+        )
+    ]
 
 
 #: Below this ``CONN_MAX_AGE`` (seconds), W004 says workers reconnect too often.

@@ -167,3 +167,29 @@ def _connected(database: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [database])
         return bool(cursor.fetchone()[0])
+
+
+@pytest.mark.postgres
+def test_a_database_not_encoded_in_utf8_is_a_warning_of_the_database_checks(
+    manage: Manage, db_url: str
+) -> None:
+    """On LATIN1 an emoji in a payload is a DataError, which a consumer requeues for ever."""
+    with connection.cursor() as cursor:
+        cursor.execute("DROP DATABASE IF EXISTS inbox_latin1_test")
+        cursor.execute(
+            "CREATE DATABASE inbox_latin1_test TEMPLATE template0 ENCODING 'LATIN1' "
+            "LC_COLLATE 'C' LC_CTYPE 'C'"
+        )
+    try:
+        latin1 = db_url.rsplit("/", 1)[0] + "/inbox_latin1_test"
+        found = {}
+        for url in (latin1, db_url):
+            proc = manage("check", "--database", "default", env={"DATABASE_URL": url})
+            _, err = proc.communicate(timeout=60)
+            found[url] = err
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP DATABASE IF EXISTS inbox_latin1_test")
+
+    assert "django_inbox.W005" in found[latin1] and "encoded in LATIN1" in found[latin1]
+    assert "W005" not in found[db_url]
