@@ -1,7 +1,7 @@
 """The system checks of the inbox's database: it must be in ``DATABASES``, with real
 transactions (E008, E009), on an engine the guarantees are tested on (W002), keep its
-workers' connections long enough (W004) and store any text (W005, asked of the server). Tagged ``database``; run by a plain
-``manage.py check``."""
+workers' connections long enough (W004) and store any text (W005, asked of the server).
+Tagged ``database``; all but W005 run with a plain ``manage.py check``."""
 
 from __future__ import annotations
 
