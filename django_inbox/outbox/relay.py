@@ -23,6 +23,7 @@ from django.db import DatabaseError, connections
 
 from ..conf import inbox_settings
 from ..db.connection import connection_lost
+from ..db.outage import misconfigured, refused_for_settings
 from ..shutdown import Shutdown
 from ..wording import counted
 from . import rows, services
@@ -124,6 +125,8 @@ class Relay:
                     self._sweep()
                     done = self.run_once()
                 except DatabaseError as exc:
+                    if refused_for_settings(exc):  # no such database or role: not an outage
+                        raise misconfigured(exc, self.using) from None
                     if not connection_lost(exc, self.using):
                         raise
                     # The database went away: what was claimed comes back after its lease.

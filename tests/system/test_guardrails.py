@@ -131,7 +131,11 @@ def test_a_database_refusing_the_settings_is_exit_2_not_an_outage(
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("command", LONG_RUNNING, ids=lambda args: args[0])
+@pytest.mark.parametrize(
+    "command",
+    [*LONG_RUNNING, ("outbox_relay", "--broker", "amqp://guest:guest@127.0.0.1:5672//")],
+    ids=lambda args: args[0],
+)
 def test_a_database_dropped_under_a_running_command_ends_it_with_exit_2(
     manage: Manage, db_url: str, command: tuple[str, ...]
 ) -> None:

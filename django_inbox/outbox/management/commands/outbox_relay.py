@@ -6,6 +6,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from ....conf import inbox_settings
 from ....management.base import MISCONFIGURED, InboxCommand, add_stop_options, seconds
+from ....services import DatabaseMisconfigured
 from ....wording import counted
 from ... import services
 from ...progress import PROGRESS_EVERY, start_line
@@ -115,6 +116,8 @@ class Command(InboxCommand):
                 stats = relay.run()
         except BrokerUnreachable as exc:
             raise CommandError(f"{exc}.", returncode=MISCONFIGURED) from None
+        except DatabaseMisconfigured as exc:
+            raise CommandError(str(exc), returncode=MISCONFIGURED) from None
         if verbose:
             self.stdout.write(summary(stats, relay.broker))
 
