@@ -24,6 +24,7 @@ COMMANDS = [
     "inbox_replay",
     "inbox_stats",
     "inbox_show",
+    "outbox_relay",
 ]
 
 
@@ -49,7 +50,8 @@ def test_every_consumer_policy_key_is_documented(key: str) -> None:
 
 
 def _options(command: str) -> list[str]:
-    cmd = load_command_class("django_inbox", command)
+    app = "django_inbox.outbox" if command == "outbox_relay" else "django_inbox"
+    cmd = load_command_class(app, command)
     parser = cmd.create_parser("manage.py", command)
     base = BaseCommand().create_parser("manage.py", "base")
     inherited = {o for action in base._actions for o in action.option_strings}

@@ -116,4 +116,11 @@ def outbox_relay(
         stats = relay.run()
     finally:
         timer.cancel()
-    return {"sent": stats.sent, "failed": dict(stats.failed), "reconnects": stats.reconnects}
+    if not stats.reached:
+        logger.warning("outbox_relay task: the broker was never reached; nothing was sent")
+    return {
+        "sent": stats.sent,
+        "failed": dict(stats.failed),
+        "reconnects": stats.reconnects,
+        "reached": stats.reached,
+    }
