@@ -455,7 +455,9 @@ def test_the_outbox_relay_task_publishes_for_a_bounded_time(
         result = outbox_relay.apply_async(
             kwargs={"broker_url": brokers.RABBITMQ, "max_seconds": 20.0}, queue=celery_procs.queue
         ).get(timeout=90)
-        assert result == {"sent": 50, "failed": {}, "reconnects": 0}, celery_procs.logs_text()
+        assert result == {"sent": 50, "failed": {}, "reconnects": 0, "reached": True}, (
+            celery_procs.logs_text()
+        )
         assert set(OutboxMessage.objects.values_list("status", flat=True)) == {"sent"}
         with Connection(brokers.RABBITMQ) as connection:
             channel = connection.default_channel

@@ -174,7 +174,16 @@ def store_deep(row: InboxMessage, depth: int, column: str = "payload") -> None:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("depth", [900, 950, 3000, 5000])
+@pytest.mark.parametrize(
+    "depth",
+    # SQLite's json_valid() refuses nesting past 1,000: only PostgreSQL stores the deeper ones.
+    [
+        900,
+        950,
+        pytest.param(3000, marks=pytest.mark.postgres),
+        pytest.param(5000, marks=pytest.mark.postgres),
+    ],
+)
 @pytest.mark.parametrize("column", ["payload", "headers"])
 def test_a_stored_value_too_deep_for_python_shows_as_text(depth: int, column: str) -> None:
     row = make_row(Status.DEAD)
