@@ -154,6 +154,25 @@ def add_commit_every_option(parser: CommandParser, help: str) -> None:
     parser.add_argument("--commit-every", type=int, default=None, metavar="N", help=help)
 
 
+#: How long a broker that was never reached is tried before a command gives up.
+WAIT_FOR_BROKER = 30.0
+
+
+def add_wait_for_broker_option(parser: CommandParser) -> None:
+    """``--wait-for-broker DURATION`` of ``inbox_consume`` and ``outbox_relay``."""
+    parser.add_argument(
+        "--wait-for-broker",
+        type=seconds,
+        default=WAIT_FOR_BROKER,
+        metavar="DURATION",
+        help=(
+            "Give up with exit 2 if the broker cannot be reached within this long of "
+            f"starting (default {WAIT_FOR_BROKER:.0f}s); 0 waits for ever. A broker lost "
+            "after it was reached is always waited for."
+        ),
+    )
+
+
 def add_metrics_option(parser: CommandParser) -> None:
     parser.add_argument(
         "--metrics-port",

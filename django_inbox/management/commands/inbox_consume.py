@@ -22,13 +22,10 @@ from ..base import (
     add_commit_every_option,
     add_metrics_option,
     add_stop_options,
+    add_wait_for_broker_option,
     require_known_consumers,
-    seconds,
     start_metrics,
 )
-
-#: How long a broker that was never reached is tried before the command gives up.
-WAIT_FOR_BROKER = 30.0
 
 
 class Command(InboxCommand):
@@ -103,17 +100,7 @@ class Command(InboxCommand):
                 "per transaction."
             ),
         )
-        parser.add_argument(
-            "--wait-for-broker",
-            type=seconds,
-            default=WAIT_FOR_BROKER,
-            metavar="DURATION",
-            help=(
-                "Give up with exit 2 if the broker cannot be reached within this long of "
-                f"starting (default {WAIT_FOR_BROKER:.0f}s); 0 waits for ever. A broker lost "
-                "after it was reached is always waited for."
-            ),
-        )
+        add_wait_for_broker_option(parser)
         add_stop_options(parser, "broker messages")
         add_metrics_option(parser)
 

@@ -5,17 +5,19 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from ....conf import inbox_settings
-from ....management.base import MISCONFIGURED, InboxCommand, add_stop_options, seconds
+from ....management.base import (
+    MISCONFIGURED,
+    InboxCommand,
+    add_stop_options,
+    add_wait_for_broker_option,
+    seconds,
+)
 from ....services import DatabaseMisconfigured
 from ....wording import counted
 from ... import services
 from ...progress import PROGRESS_EVERY, start_line
 from ...publisher import BrokerUnreachable
 from ...relay import Relay, RelayStats
-
-#: How long a broker that was never reached is tried before the command gives up (as
-#: ``inbox_consume``'s).
-WAIT_FOR_BROKER = 30.0
 
 
 class Command(InboxCommand):
@@ -25,7 +27,8 @@ class Command(InboxCommand):
         "(persistent, mandatory), and mark them sent once confirmed. Runs until stopped "
         "(SIGTERM/SIGINT: finish the batch, exit 0; a second signal exits 1). Exit codes: 0 "
         "stopped normally, 1 interrupted, 2 misconfigured (no broker, not AMQP, a broker never "
-        "reached within --wait-for-broker, the outbox's table missing)."
+        "reached within --wait-for-broker, the outbox's table missing, a database refusing "
+        "the connection for its settings)."
     )
 
     waits_for_database = True
@@ -48,17 +51,7 @@ class Command(InboxCommand):
             metavar="SECONDS",
             help="Sleep between polls when nothing is pending.",
         )
-        parser.add_argument(
-            "--wait-for-broker",
-            type=seconds,
-            default=WAIT_FOR_BROKER,
-            metavar="DURATION",
-            help=(
-                "Give up with exit 2 if the broker cannot be reached within this long of "
-                f"starting (default {WAIT_FOR_BROKER:.0f}s); 0 waits for ever. A broker lost "
-                "after it was reached is always waited for."
-            ),
-        )
+        add_wait_for_broker_option(parser)
         parser.add_argument(
             "--progress-every",
             type=seconds,
