@@ -104,6 +104,18 @@ def delete_queue(url: str, queue: str) -> None:
         pass
 
 
+@contextmanager
+def declared_queue(prefix: str, url: str = RABBITMQ) -> Iterator[str]:
+    """A new durable queue on ``url`` (RabbitMQ by default), deleted afterwards."""
+    name = new_queue_name(prefix)
+    with connect(url) as connection:
+        Queue(name, routing_key=name, durable=True)(connection.default_channel).declare()
+    try:
+        yield name
+    finally:
+        delete_queue(url, name)
+
+
 # --- a RabbitMQ node of one's own ---------------------------------------------------------------
 
 #: Where Debian keeps RabbitMQ's own scripts: its /usr/sbin wrappers run them as the rabbitmq

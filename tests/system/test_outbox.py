@@ -7,6 +7,7 @@ import json
 import re
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -28,13 +29,9 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 @pytest.fixture
-def queue() -> Any:
-    name = brokers.new_queue_name("outbox-test")
-    with Connection(brokers.RABBITMQ) as connection:
-        Queue(name, routing_key=name, durable=True)(connection.default_channel).declare()
-    yield name
-    with Connection(brokers.RABBITMQ) as connection:
-        Queue(name)(connection.default_channel).delete()
+def queue() -> Iterator[str]:
+    with brokers.declared_queue("outbox-test") as name:
+        yield name
 
 
 def received(queue: str, limit: int = 10_000) -> list[Any]:

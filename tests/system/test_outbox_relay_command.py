@@ -10,7 +10,6 @@ import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
-from kombu import Connection, Queue
 
 from django_inbox.outbox import publish
 from django_inbox.outbox.models import OutboxMessage
@@ -31,12 +30,8 @@ def closed_port() -> str:
 
 @pytest.fixture
 def queue() -> Iterator[str]:
-    name = brokers.new_queue_name("outbox-relay")
-    with Connection(brokers.RABBITMQ) as connection:
-        Queue(name, routing_key=name, durable=True)(connection.default_channel).declare()
-    yield name
-    with Connection(brokers.RABBITMQ) as connection:
-        Queue(name)(connection.default_channel).delete()
+    with brokers.declared_queue("outbox-relay") as name:
+        yield name
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:

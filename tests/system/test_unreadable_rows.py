@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.db import connection
-from kombu import Connection, Queue
+from kombu import Connection
 
 from django_inbox import store
 from django_inbox.models import InboxMessage
@@ -75,13 +74,9 @@ def test_a_worker_records_an_unreadable_row_dead_and_processes_the_rest(
 
 
 @pytest.fixture
-def queue() -> Any:
-    name = brokers.new_queue_name("unreadable")
-    with Connection(brokers.RABBITMQ) as broker:
-        Queue(name, routing_key=name, durable=True)(broker.default_channel).declare()
-    yield name
-    with Connection(brokers.RABBITMQ) as broker:
-        Queue(name)(broker.default_channel).delete()
+def queue() -> Iterator[str]:
+    with brokers.declared_queue("unreadable") as name:
+        yield name
 
 
 @pytest.mark.parametrize("column", ["payload", "headers"])
