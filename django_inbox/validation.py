@@ -142,25 +142,34 @@ def encode_json(
 # A JSON string, escapes included: what may hold brackets that nest nothing.
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+_ASCII_NOT_A_BRACKET = {code: None for code in range(128) if chr(code) not in "[]{}"}
+#: An innermost pair: removing every one of them takes one level off each nesting.
+_INNERMOST = re.compile(r"\[\]|\{\}")
 
 
 def nesting_exceeds(text: str, limit: int) -> bool:
     """Whether the JSON ``text`` nests arrays and objects more than ``limit`` levels deep.
 
-    Counting brackets answers most payloads at C speed (fewer brackets than the limit cannot
-    nest deeper); only the others are walked, their strings removed first.
+    Counting brackets answers most payloads at once (fewer brackets than the limit cannot
+    nest deeper). The others lose their strings (which may hold brackets), then everything
+    but brackets, and then, one level per pass, their innermost pairs: all at C speed, one
+    pass per level they actually nest (about 30 µs for 4 KB of objects in arrays).
     """
     if text.count("[") + text.count("{") <= limit:
         return False
-    depth = 0
-    for bracket in _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text)):
-        if bracket in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        else:
-            depth -= 1
-    return False
+    if "\\" in text:
+        text = _JSON_STRING.sub("", text)
+    elif '"' in text:  # no escapes: every other piece between quotes is a string
+        text = "".join(text.split('"')[::2])
+    if text.isascii():
+        brackets = text.translate(_ASCII_NOT_A_BRACKET)
+    else:
+        brackets = _NOT_A_BRACKET.sub("", text)
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets = _INNERMOST.sub("", brackets)
+    return bool(brackets)
 
 
 def _too_deep(name: str, limit: int) -> str:

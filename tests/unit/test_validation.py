@@ -8,6 +8,8 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from django_inbox import exceptions
 from django_inbox.exceptions import (
@@ -318,3 +320,38 @@ def test_payload_too_large_is_an_invalid_payload() -> None:
 def test_lone_surrogate_in_message_id_refused() -> None:
     with pytest.raises(InvalidMessageId):
         clean_message_id("evt-\ud800")
+
+
+def depth_of(value: object) -> int:
+    """The reference: nesting of arrays and objects, walked on the decoded value."""
+    if isinstance(value, list):
+        return 1 + max((depth_of(item) for item in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((depth_of(item) for item in value.values()), default=0)
+    return 0
+
+
+_TRICKY_TEXT = st.text(alphabet='[]{}"\\\\ aé\\u2028', max_size=8)
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | _TRICKY_TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TRICKY_TEXT, inner, max_size=4),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_JSON_VALUES, limit=st.integers(min_value=1, max_value=8), ascii_only=st.booleans())
+def test_nesting_check_agrees_with_the_decoded_value(
+    value: object, limit: int, ascii_only: bool
+) -> None:
+    """Brackets and quotes inside strings, escapes, non-ASCII text: the text check says what a
+    walk of the value says."""
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    assert nesting_exceeds(text, limit) is (depth_of(value) > limit)
+
+
+@pytest.mark.parametrize("depth", [63, 64, 65, 129])
+def test_nesting_of_objects_and_arrays_in_turn_is_counted_level_by_level(depth: int) -> None:
+    """``{"k": [{"k": [...]}]}``: each pass takes one level off, never an array and the object
+    around it together."""
+    assert nesting_exceeds(json.dumps(nested(depth)), 64) is (depth > 64)
