@@ -10,10 +10,9 @@ restarted onto it).
 
 :func:`install` makes the reader use :class:`GuardedMessage`, whose decoding turns such a
 failure into a message whose properties are one header, :data:`UNREADABLE`, saying
-so. The envelope reader takes that for a problem: with an id in its body the message is kept
-``dead`` with its raw body and the reason, without one it is refused at the broker (rejected
-without requeue, to its dead-letter exchange); never run without its headers (its key and
-sequence are among them). The process-wide change is limited to this one failure: every
+so. Its id went with its properties, so it is refused at the broker (rejected without requeue,
+to its dead-letter exchange, :mod:`.identity`): never kept under its body's ``id`` (often an
+entity's, which other messages share), never run without its headers. The process-wide change is limited to this one failure: every
 other header is decoded as py-amqp decodes it.
 """
 

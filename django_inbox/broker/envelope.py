@@ -7,7 +7,6 @@ an id made up on arrival would differ on every redelivery and defeat deduplicati
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import math
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 from uuid import UUID
 
-from .amqp_guard import UNREADABLE
+from .identity import ORDER_HEADERS, Unreadable, first_text, read_id, text, unusable
 
 JSON_CONTENT_TYPES = ("application/json", "text/json", "application/cloudevents+json")
 CLOUDEVENTS_STRUCTURED = "application/cloudevents+json"
@@ -88,8 +87,6 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
     raw = message.body if isinstance(message.body, bytes) else str(message.body).encode()
 
     body, problem = _decode(raw, content_type, message.content_encoding)
-    if UNREADABLE in headers:  # the properties were lost (see amqp_guard)
-        problem = f"the message arrived without its properties: {headers[UNREADABLE]}"
     cloudevent = _structured_cloudevent(body, content_type)
     payload = body
     ce_attributes: dict[str, Any] = {}
@@ -100,34 +97,24 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
         ce_attributes = {k: v for k, v in cloudevent.items() if k not in ("data", "data_base64")}
         headers["cloudevent"] = ce_attributes
 
-    ce_id = _first(headers, "ce-id", "ce_id") or _text(ce_attributes.get("id"))
-    ce_source = _first(headers, "ce-source", "ce_source") or _text(ce_attributes.get("source"))
-    message_id: str | None = _text(properties.get("message_id")) or _first(headers, "message_id")
-    if not message_id and ce_id:
-        message_id = f"{ce_source}#{ce_id}" if ce_source else ce_id
-    if not message_id and isinstance(body, dict) and cloudevent is None:
-        message_id = _text(body.get("id"))
-    unusable = _unusable(raw_headers, ID_HEADERS) or _unusable(ce_attributes, ("id", "source"))
-    if not _text(properties.get("message_id")) and "#" in ce_source and ce_id:
-        unusable = unusable or (
-            f"its CloudEvents source {ce_source[:100]!r} holds '#', which makes the identity "
-            "source#id ambiguous"
-        )
-    if unusable:
+    try:
+        message_id = read_id(properties, raw_headers, cloudevent, body)
+    except Unreadable as exc:
         # Never an id read around the one that could not be read: it could be another's.
-        message_id, problem = None, f"the message's id cannot be read: {unusable}"
+        message_id, problem = None, f"the message's id cannot be read: {exc}"
     else:
-        order = _unusable(raw_headers, ORDER_HEADERS) or _unusable(
+        order = unusable(raw_headers, ORDER_HEADERS) or unusable(
             ce_attributes, ("type", "partitionkey")
         )
         if order:
             problem = problem or f"the message's type or key cannot be read: {order}"
+    ce_source = first_text(headers, "ce-source", "ce_source") or text(ce_attributes.get("source"))
 
     event_type = (
-        _text(properties.get("type"))
-        or _first(headers, "ce-type", "ce_type", "event_type")
-        or _text(ce_attributes.get("type"))
-        or (_text(body.get("type")) if isinstance(body, dict) else None)
+        text(properties.get("type"))
+        or first_text(headers, "ce-type", "ce_type", "event_type")
+        or text(ce_attributes.get("type"))
+        or (text(body.get("type")) if isinstance(body, dict) else None)
     )
     if problem is not None:
         payload = _raw_payload(raw, content_type, raw_limit)
@@ -136,42 +123,14 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
         event_type=event_type or None,
         payload=payload,
         headers=headers,
-        source=_text(ce_source) or _text(properties.get("app_id")) or "",
-        key=_first(headers, "ce-partitionkey", "ce_partitionkey", "partition_key", "key")
-        or _text(ce_attributes.get("partitionkey"))
+        source=text(ce_source) or text(properties.get("app_id")) or "",
+        key=first_text(headers, "ce-partitionkey", "ce_partitionkey", "partition_key", "key")
+        or text(ce_attributes.get("partitionkey"))
         or "",
         sequence=_sequence(headers, ce_attributes),
         redelivered=_redelivered(message, headers),
         problem=problem,
     )
-
-
-#: Headers that name a message (its id, or a CloudEvent's parts of it), and those that say
-#: what it is and where it goes in its key's order: read as text, never guessed at.
-ID_HEADERS = ("message_id", "ce-id", "ce_id", "ce-source", "ce_source")
-ORDER_HEADERS = (
-    "ce-type", "ce_type", "event_type", "ce-partitionkey", "ce_partitionkey", "partition_key",
-    "key",
-)  # fmt: skip
-
-
-def _unusable(values: dict[str, Any], names: tuple[str, ...]) -> str | None:
-    """Why one of ``names`` in ``values`` is no text (an id as an AMQP table, a key as a list,
-    bytes that are not UTF-8), or ``None``. Read as text anyway, such a value becomes ``""``
-    or hex: another message's id, no key at all, or another aggregate's."""
-    for name in names:
-        value = values.get(name)
-        if value is None or isinstance(value, str):
-            continue
-        if isinstance(value, bytes):
-            try:
-                value.decode("utf-8")
-            except UnicodeDecodeError:
-                return f"{name!r} is bytes that are not UTF-8 text"
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"{name!r} is {type(value).__name__}, not text"
-    return None
 
 
 def _sequence(headers: dict[str, Any], ce_attributes: dict[str, Any]) -> Any:
@@ -184,22 +143,16 @@ def _sequence(headers: dict[str, Any], ce_attributes: dict[str, Any]) -> Any:
 
 
 def identity(message: BrokerMessage) -> str | None:
-    """The message id from the broker's properties and headers alone, never the body.
+    """The message id from the broker's properties and headers alone, never the body
+    (:func:`~.identity.read_id`); ``None`` if there is none or it cannot be read.
 
     For a message the envelope reader could not read at all: if it has an id, it can still be
     kept ``dead`` under that id (and its redeliveries answered as duplicates).
     """
     try:
-        properties = message.properties or {}
-        headers = dict(message.headers or {})
+        return read_id(dict(message.properties or {}), dict(message.headers or {}))
     except Exception:
         return None
-    found = _text(properties.get("message_id")) or _first(headers, "message_id")
-    if not found:
-        ce_id = _first(headers, "ce-id", "ce_id")
-        ce_source = _first(headers, "ce-source", "ce_source")
-        found = f"{ce_source}#{ce_id}" if ce_id and ce_source else ce_id
-    return found or None
 
 
 def raw_body(message: BrokerMessage, limit: int = RAW_LIMIT) -> dict[str, Any]:
@@ -292,28 +245,6 @@ def _redelivered(message: BrokerMessage, headers: dict[str, Any]) -> bool:
         return False
 
 
-def _first(headers: dict[str, Any], *names: str) -> str:
-    for name in names:
-        value = _text(headers.get(name))
-        if value:
-            return value
-    return ""
-
-
-def _text(value: Any) -> str:
-    if value is None or isinstance(value, (dict, list, bool)):
-        return ""
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return binascii.hexlify(value).decode("ascii")
-    try:
-        return str(value)
-    except ValueError:  # an integer past Python's 4,300-digit limit: no usable text
-        return ""
-
-
 def _json_safe(value: Any) -> Any:
     """Broker headers may hold bytes, dates and decimals (AMQP tables); keep them as JSON."""
     if isinstance(value, dict):
@@ -327,7 +258,7 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, bytes):
-        return _text(value)
+        return text(value)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value

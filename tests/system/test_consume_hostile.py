@@ -13,9 +13,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 from django.db import connection
+from kombu import Queue
 
 from django_inbox.models import InboxMessage
 from tests import brokers
@@ -234,20 +236,49 @@ def test_queue_is_required_and_the_start_line_says_what_was_declared(
     assert "{" not in per_message[0], "never the payload"
 
 
+@dataclass
+class DeadLettered:
+    """A RabbitMQ queue whose refused messages go to ``dead_letters``, both new."""
+
+    name: str
+    dead_letters: str
+
+    @property
+    def arguments(self) -> dict[str, str]:
+        return {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": self.dead_letters}
+
+
 @pytest.fixture
-def amqp_queue() -> Iterator[str]:
-    name = brokers.new_queue_name("hostile-amqp")
-    yield name
-    brokers.delete_queue(brokers.RABBITMQ, name)
+def amqp_queue() -> Iterator[DeadLettered]:
+    with brokers.declared_queue("hostile-dlq") as dead_letters:
+        queue = DeadLettered(brokers.new_queue_name("hostile-amqp"), dead_letters)
+        with brokers.connect(brokers.RABBITMQ) as connection:
+            Queue(queue.name, durable=True, queue_arguments=queue.arguments)(
+                connection.default_channel
+            ).declare()
+        yield queue
+        brokers.delete_queue(brokers.RABBITMQ, queue.name)
 
 
-def test_amqp_headers_nested_past_python_are_refused_or_kept_dead_never_a_loop(
-    manage: Manage, amqp_queue: str
+def consume_declared(manage: Manage, queue: DeadLettered) -> tuple[str, str]:
+    proc = manage(
+        "inbox_consume", "--consumer", "stream", "--queue", queue.name, "--no-declare",
+        "--broker", brokers.RABBITMQ, "--until-idle", "2",
+    )  # fmt: skip
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "reconnects 0" in out
+    return out, err
+
+
+def test_amqp_headers_nested_past_python_are_refused_never_a_loop(
+    manage: Manage, amqp_queue: DeadLettered
 ) -> None:
     """py-amqp decodes header tables recursively, before any callback: a table nested a few
     thousand levels deep broke its frame reader, the connection dropped and the broker
-    redelivered the message to the next one, for ever (or the consumer exited)."""
-    broker, queue = brokers.RABBITMQ, amqp_queue
+    redelivered the message to the next one, for ever (or the consumer exited). It is
+    refused now, to the dead-letter queue: its id went with its properties, and the body's
+    ``id`` (an order's, say) is not the message's."""
     deep: dict[str, object] = {"x": 1}
     for _ in range(3000):
         deep = {"x": deep}
@@ -255,32 +286,28 @@ def test_amqp_headers_nested_past_python_are_refused_or_kept_dead_never_a_loop(
     sys.setrecursionlimit(20_000)  # py-amqp encodes recursively too (pure Python)
     try:
         brokers.publish(
-            broker,
-            queue,
+            brokers.RABBITMQ,
+            amqp_queue.name,
             [
-                {"id": "deep-headers", "type": "effect.write", "body": {"n": 1},
+                {"id": "deep-1", "type": "effect.write", "body": {"id": "order-42"},
                  "headers": {"deep": deep}},
-                {"type": "effect.write", "body": {"id": "body-id", "type": "effect.write"},
+                {"id": "deep-2", "type": "effect.write", "body": {"id": "order-42"},
                  "headers": {"deep": deep}},
                 {"id": "fine", "type": "effect.write", "body": {"n": 2}},
             ],
+            **amqp_queue.arguments,
         )  # fmt: skip
     finally:
         sys.setrecursionlimit(limit)
 
-    proc = consume(manage, broker, queue, "--until-idle", "2")
-    out, err = proc.communicate(timeout=120)
+    out, err = consume_declared(manage, amqp_queue)
 
-    assert proc.returncode == 0, err[-3000:]
-    assert "reconnects 0" in out
-    assert "refused 1" in out, "the message whose only id was in its lost properties"
-    assert brokers.queue_depth(broker, queue) == 0
-    rows = {row.message_id: row for row in InboxMessage.objects.filter(consumer="stream")}
-    assert set(rows) == {"body-id", "fine"}
-    assert rows["body-id"].status == Status.DEAD
-    assert "AMQP properties are nested too deeply" in rows["body-id"].last_error
-    assert json.loads(rows["body-id"].payload["raw"])["id"] == "body-id", "raw body kept"
-    assert rows["fine"].status == Status.COMPLETED
+    assert "refused 2" in out and "acked 1" in out
+    assert err.count("arrived without its properties") == 2
+    assert brokers.queue_depth(brokers.RABBITMQ, amqp_queue.name) == 0
+    assert brokers.queue_depth(brokers.RABBITMQ, amqp_queue.dead_letters) == 2, "nothing lost"
+    statuses = dict(InboxMessage.objects.values_list("message_id", "status"))
+    assert statuses == {"fine": Status.COMPLETED}, "never kept under the body's id"
 
 
 # --- what the transport cannot read, before the inbox sees a message -------------------------
@@ -365,11 +392,12 @@ def _shortstr(value: bytes) -> bytes:
     return struct.pack("B", len(value)) + value
 
 
-def test_amqp_properties_that_cannot_be_decoded_are_kept_dead_or_refused(
-    manage: Manage, amqp_queue: str
+def test_amqp_properties_that_cannot_be_decoded_are_refused_never_a_crash_loop(
+    manage: Manage, amqp_queue: DeadLettered
 ) -> None:
     """A timestamp header sent in milliseconds (a year past 9999) or a property that is not
-    UTF-8 failed py-amqp's decoding half-way through the message: a crash loop before."""
+    UTF-8 failed py-amqp's decoding half-way through the message: a crash loop before. The
+    messages go to the dead-letter queue, the one behind them is processed."""
     import amqp
     from amqp.basic_message import Message
 
@@ -382,12 +410,12 @@ def test_amqp_properties_that_cannot_be_decoded_are_kept_dead_or_refused(
     entry = _shortstr(b"sent_at") + b"T" + struct.pack(">Q", 1732680000000)
     millis = struct.pack(">I", len(entry)) + entry
     cases = {
-        b'{"id": "millis", "type": "effect.write"}': _raw_properties(
+        b'{"id": "order-42", "type": "effect.write"}': _raw_properties(
             content_type=_shortstr(b"application/json"),
             application_headers=millis,
             message_id=_shortstr(b"millis"),
         ),
-        b'{"id": "not-utf8", "type": "effect.write"}': _raw_properties(
+        b'{"id": "order-42", "n": 2}': _raw_properties(
             message_id=_shortstr(b"rt-\xff\xfe"),
         ),
         b'{"type": "effect.write"}': _raw_properties(type=_shortstr(b"effect.\xff")),
@@ -396,26 +424,23 @@ def test_amqp_properties_that_cannot_be_decoded_are_kept_dead_or_refused(
     connection.connect()
     try:
         channel = connection.channel()
-        channel.queue_declare(amqp_queue, durable=True, auto_delete=False)
         for body, properties in cases.items():
             message = Raw(body)
             message.raw = properties
-            channel.basic_publish(message, exchange="", routing_key=amqp_queue)
+            channel.basic_publish(message, exchange="", routing_key=amqp_queue.name)
     finally:
         connection.close()
     brokers.publish(
-        brokers.RABBITMQ, amqp_queue, [{"id": "fine", "type": "effect.write", "body": {}}]
+        brokers.RABBITMQ,
+        amqp_queue.name,
+        [{"id": "fine", "type": "effect.write", "body": {}}],
+        **amqp_queue.arguments,
     )
 
-    proc = consume(manage, brokers.RABBITMQ, amqp_queue, "--until-idle", "2")
-    out, err = proc.communicate(timeout=120)
+    out, _err = consume_declared(manage, amqp_queue)
 
-    assert proc.returncode == 0, err[-3000:]
-    assert "refused 1" in out, "the one whose only id was in its lost properties"
-    assert brokers.queue_depth(brokers.RABBITMQ, amqp_queue) == 0
-    rows = {row.message_id: row for row in InboxMessage.objects.filter(consumer="stream")}
-    assert set(rows) == {"millis", "not-utf8", "fine"}
-    for name in ("millis", "not-utf8"):
-        assert rows[name].status == Status.DEAD
-        assert "properties cannot be decoded" in rows[name].last_error
-    assert rows["fine"].status == Status.COMPLETED
+    assert "refused 3" in out and "acked 1" in out
+    assert brokers.queue_depth(brokers.RABBITMQ, amqp_queue.name) == 0
+    assert brokers.queue_depth(brokers.RABBITMQ, amqp_queue.dead_letters) == 3, "nothing lost"
+    statuses = dict(InboxMessage.objects.values_list("message_id", "status"))
+    assert statuses == {"fine": Status.COMPLETED}
