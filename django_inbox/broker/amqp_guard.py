@@ -12,8 +12,8 @@ restarted onto it).
 failure into a message whose properties are one header, :data:`UNREADABLE`, saying
 so. Its id went with its properties, so it is refused at the broker (rejected without requeue,
 to its dead-letter exchange, :mod:`.identity`): never kept under its body's ``id`` (often an
-entity's, which other messages share), never run without its headers. The process-wide change is limited to this one failure: every
-other header is decoded as py-amqp decodes it.
+entity's, which other messages share), never run without its headers. The process-wide
+change is limited to this one failure: every other header is decoded as py-amqp decodes it.
 """
 
 from __future__ import annotations
