@@ -83,6 +83,10 @@ class Acker:
         self.stats = ConsumeStats()
         self.outage = Outage(using, f"inbox_consume {intake.consumer}", shutdown.wait)
         self.pending: list[tuple[Any, NewRow, float]] = []
+        #: The broker connection's own errors (set by the loop on each connection): raised
+        #: through, never taken for a failure of the message at hand. Acknowledging the open
+        #: batch happens inside a message's decision, and a broker lost there is the loop's.
+        self.broken: tuple[type[BaseException], ...] = ()
 
     def with_database(self, work: Callable[[], T]) -> T | None:
         """Run ``work``; while the database is away, wait with backoff and run it again.
@@ -142,6 +146,8 @@ class Acker:
             self.requeue(message)
             return
         except Exception as exc:
+            if isinstance(exc, self.broken):
+                raise  # the broker went away (acking the open batch): the loop reconnects
             # A failure of the inbox itself on this message: keep it dead rather than
             # requeue it for ever.
             try:

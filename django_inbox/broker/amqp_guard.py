@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from amqp import method_framing
+from amqp import abstract_channel, method_framing, serialization
 from amqp.basic_message import Message
 
 logger = logging.getLogger("django_inbox")
@@ -49,6 +49,50 @@ class GuardedMessage(Message):  # type: ignore[misc]
             return offset
 
 
+#: The argument types of a method py-amqp may fail to decode as text that
+#: :func:`_arguments` reads itself: ``basic.deliver`` (``sLbss``) is made of these.
+_SIMPLE = frozenset("sLlBob")
+
+
+def _arguments(format: str, buf: Any, offset: int) -> tuple[list[Any], int]:
+    """py-amqp's ``loads``, and for a method whose short strings are not UTF-8 (a routing key
+    or exchange name sent through a fanout, topic or headers exchange) the same arguments
+    with those strings read leniently (invalid bytes kept as ``\\x..`` escapes).
+
+    Without it py-amqp fails on ``basic.deliver`` before the message exists: it is never
+    acknowledged nor refused, holds a prefetch slot for the connection's life (with a
+    prefetch of 1 the queue stalls) and comes back at every reconnection.
+    """
+    try:
+        return serialization.loads(format, buf, offset)  # type: ignore[no-any-return]
+    except UnicodeDecodeError:
+        if not set(format) <= _SIMPLE:
+            raise
+    values: list[Any] = []
+    bits = bitcount = 0
+    for kind in format:
+        if kind == "b":
+            if not bitcount:
+                bits, bitcount = buf[offset], 8
+                offset += 1
+            values.append(bits & 1 == 1)
+            bits, bitcount = bits >> 1, bitcount - 1
+            continue
+        bits = bitcount = 0
+        if kind == "s":
+            length = buf[offset]
+            raw = bytes(buf[offset + 1 : offset + 1 + length])
+            values.append(raw.decode("utf-8", "backslashreplace"))
+            offset += 1 + length
+        else:
+            size = {"o": 1, "B": 2, "l": 4, "L": 8}[kind]
+            values.append(int.from_bytes(buf[offset : offset + size], "big"))
+            offset += size
+    return values, offset
+
+
 def install() -> None:
-    """Make py-amqp's frame reader build :class:`GuardedMessage` (idempotent)."""
+    """Make py-amqp's frame reader build :class:`GuardedMessage`, and its channels read a
+    method's arguments with :func:`_arguments` (idempotent)."""
     method_framing.Message = GuardedMessage
+    abstract_channel.loads = _arguments

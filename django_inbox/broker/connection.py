@@ -25,6 +25,7 @@ from ..text import exception_text
 from ..worker import Worker
 from .acking import Acker, ConsumeStats
 from .envelope import Envelope
+from .faults import TransportFaults
 from .intake import AckMode, Intake
 
 __all__ = ["AckMode", "BrokerConsumer", "BrokerMisconfigured", "BrokerUnreachable", "ConsumeStats"]
@@ -34,8 +35,6 @@ logger = logging.getLogger("django_inbox")
 
 #: The broker refused what we asked for: retrying cannot help, the configuration must change.
 REFUSALS = (AccessRefused, NotAllowed, NotFound, PreconditionFailed)
-#: Entries the transport cannot read, one after another, before the connection is made again.
-MAX_FAULTS_IN_A_ROW = 10
 
 
 class BrokerMisconfigured(Exception):
@@ -140,7 +139,7 @@ class BrokerConsumer:
         self._last_sweep = 0.0
         self._idle_out = False
         self._reached = False
-        self._faults = 0
+        self.faults = TransportFaults(consumer, queue, broker_url.split(":", 1)[0], self.stats)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -204,10 +203,10 @@ class BrokerConsumer:
             if self._reached:
                 logger.warning("inbox_consume %s: reconnected to the broker", self.consumer)
             self._reached = True
-            backoff.reset()
             # Idle time counts only while connected: an unreachable broker is not "idle".
             self._last_message = time.monotonic()
             broken = (*connection.connection_errors, *connection.channel_errors)
+            self.acker.broken = broken
             while not self._finished():
                 try:
                     # While a batch is open, take only what is already here, then commit it.
@@ -220,7 +219,11 @@ class BrokerConsumer:
                 except Exception as exc:
                     if isinstance(exc, (*broken, DatabaseMisconfigured)):
                         raise
-                    self._unreadable_entry(exc)
+                    self.faults.met(exc)
+                    continue
+                # A connection that reads, not one that was merely opened, ends the backoff:
+                # one that fails on every entry keeps backing off.
+                backoff.reset()
                 self._between_messages()
             self.acker.flush()
 
@@ -267,11 +270,8 @@ class BrokerConsumer:
         except Exception as exc:
             # Not the broker's messages: log it and go on consuming (the type and frames,
             # never the message, which may quote a payload).
-            logger.error(
-                "inbox_consume %s: processing due rows failed: %s",
-                self.consumer,
-                exception_text(exc),
-            )
+            text = exception_text(exc)
+            logger.error("inbox_consume %s: processing due rows failed: %s", self.consumer, text)
             return
         if handled:
             self._last_message = time.monotonic()  # retries are work: not idle
@@ -282,34 +282,13 @@ class BrokerConsumer:
             self.acker.requeue(message)
             return
         self._last_message = time.monotonic()
-        self._faults = 0
+        self.faults.passed()
         self.acker.take(message, error)
 
     def _on_decode_error(self, message: Any, exc: BaseException) -> None:
         """kombu could not decode a message it delivered (a ``compression`` header it cannot
         apply): kept dead under its id with its raw body, or refused; never requeued."""
         self._on_message(message, exc)
-
-    def _unreadable_entry(self, exc: Exception) -> None:
-        """The transport failed on an entry before making a message of it: kombu's Redis
-        transport has already popped an item that is not one of its envelopes (it is lost
-        with it: kombu's Redis lists cannot give it back), or py-amqp could not decode a
-        delivery's arguments (the message stays unacknowledged until the connection ends).
-        Logged and counted; the loop goes on. Many in a row: the connection is made again."""
-        self.acker.stats.unreadable += 1
-        self._faults += 1
-        logger.error(
-            "inbox_consume %s: the %s transport could not read an entry of queue %s as a "
-            "message (%s); it is not in the inbox (kombu's Redis transport has removed it; "
-            "over AMQP it goes back to the queue when this connection closes)",
-            self.consumer,
-            self.broker_url.split(":", 1)[0],
-            self.queue_name,
-            exception_text(exc),
-        )
-        if self._faults >= MAX_FAULTS_IN_A_ROW:
-            self._faults = 0
-            raise BrokerUnavailable(f"{MAX_FAULTS_IN_A_ROW} unreadable entries in a row") from exc
 
 
 def _release(connection: Connection) -> None:

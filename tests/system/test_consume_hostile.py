@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -444,3 +445,87 @@ def test_amqp_properties_that_cannot_be_decoded_are_refused_never_a_crash_loop(
     assert brokers.queue_depth(brokers.RABBITMQ, amqp_queue.dead_letters) == 3, "nothing lost"
     statuses = dict(InboxMessage.objects.values_list("message_id", "status"))
     assert statuses == {"fine": Status.COMPLETED}
+
+
+def test_a_routing_key_that_is_not_utf8_neither_stalls_nor_loops(manage: Manage) -> None:
+    """py-amqp failed on such a delivery before the message existed: it was never settled,
+    held the only prefetch slot, and the message behind it never came."""
+    import amqp
+
+    with brokers.declared_queue("hostile-rk") as queue:
+        exchange = f"{queue}-fanout"
+        connection = amqp.Connection("127.0.0.1:5672", userid="guest", password="guest")
+        connection.connect()
+        try:
+            channel = connection.channel()
+            channel.exchange_declare(exchange, "fanout", durable=False, auto_delete=False)
+            channel.queue_bind(queue, exchange, routing_key="")
+            odd = amqp.Message(b"{}", message_id="odd-key", type="effect.write")
+            channel.basic_publish(odd, exchange=exchange, routing_key=b"\xff\xfe")
+            channel.basic_publish(
+                amqp.Message(b"{}", message_id="behind", type="effect.write"),
+                exchange="",
+                routing_key=queue,
+            )
+            proc = manage(
+                "inbox_consume", "--consumer", "stream", "--queue", queue,
+                "--broker", brokers.RABBITMQ, "--until-idle", "2", "--prefetch", "1",
+            )  # fmt: skip
+            out, err = proc.communicate(timeout=120)
+        finally:
+            connection.channel().exchange_delete(exchange)
+            connection.close()
+        assert brokers.queue_depth(brokers.RABBITMQ, queue) == 0
+
+    assert proc.returncode == 0, err[-3000:]
+    assert "acked 2 (processed 2)" in out and "reconnects 0" in out
+    statuses = dict(InboxMessage.objects.values_list("message_id", "status"))
+    assert statuses == {"odd-key": Status.COMPLETED, "behind": Status.COMPLETED}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_broker_lost_while_acking_the_open_batch_is_the_loops_not_the_next_messages() -> None:
+    """Acknowledging the open batch happens inside the next message's decision: a broker lost
+    there was taken for that message's failure, and the message was kept dead (then answered
+    as dead when the broker delivered it again)."""
+    from kombu import Connection, Consumer
+
+    from django_inbox.broker.acking import Acker
+    from django_inbox.broker.envelope import parse
+    from django_inbox.broker.intake import AckMode, Intake
+    from django_inbox.shutdown import Shutdown
+
+    with brokers.declared_queue("ack-lost") as queue:
+        brokers.publish(
+            brokers.RABBITMQ,
+            queue,
+            [
+                {"id": "in-the-batch", "type": "effect.write", "body": {}},
+                {"id": "next", "type": "no.handler", "body": {}},  # not batched: flushes first
+            ],
+        )
+        connection = Connection(brokers.RABBITMQ)
+        received: list[Any] = []
+        consumer = Consumer(
+            connection.channel(), [Queue(queue, routing_key=queue, durable=True)],
+            on_message=received.append, prefetch_count=10,
+        )  # fmt: skip
+        consumer.consume()
+        while len(received) < 2:
+            connection.drain_events(timeout=10)
+        intake = Intake(
+            consumer="stream", queue_name=queue, ack_mode=AckMode.AFTER_PROCESS, batching=True,
+            envelope=parse, raw_limit=1024,
+        )  # fmt: skip
+        acker = Acker(intake, using="default", commit_every=100, shutdown=Shutdown())
+        acker.broken = (*connection.connection_errors, *connection.channel_errors)
+        acker.take(received[0])
+        assert acker.pending, "held in the open batch"
+        connection.connection.transport.sock.close()  # the broker goes away
+
+        with pytest.raises(acker.broken):
+            acker.take(received[1])
+        connection.release()
+
+    statuses = dict(InboxMessage.objects.values_list("message_id", "status"))
+    assert statuses == {"in-the-batch": Status.COMPLETED}, "the next message is not kept dead"
