@@ -13,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .db.identity import identified, identity_keywords
 from .db.json import HistoryField, StoredJSONField
+from .validation import ATTEMPTS_MAX as ATTEMPTS_MAX
 
 #: Statuses a worker polls. For ``in_progress`` rows ``next_attempt_at`` is the lease expiry,
 #: so one indexed predicate (``status IN … AND next_attempt_at <= now``) finds every row
@@ -20,11 +21,6 @@ from .db.json import HistoryField, StoredJSONField
 POLLED_STATUSES = ("received", "failed", "in_progress")
 #: Statuses that wait for an operator (or, for ``dead``, a purge with a dead retention).
 ATTENTION_STATUSES = ("dead", "parked")
-
-
-#: The most attempts a row counts: ``attempts`` is a ``PositiveIntegerField``, an ``integer``
-#: on PostgreSQL. A claim stops counting there instead of failing on the row for ever.
-ATTEMPTS_MAX = 2**31 - 1
 
 
 class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):

@@ -63,6 +63,9 @@ def clean_text(name: str, value: object, *, required: bool, max_length: int = TE
 
 #: The largest sequence a row holds (a signed 64-bit column).
 SEQUENCE_MAX = 2**63 - 1
+#: The most attempts a row counts (the inbox's and the outbox's ``attempts``: a 32-bit
+#: ``integer`` on PostgreSQL). Claims stop counting there instead of failing on the row.
+ATTEMPTS_MAX = 2**31 - 1
 
 
 def clean_sequence(value: object) -> int | None:

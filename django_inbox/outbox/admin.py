@@ -12,11 +12,13 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from ..admin.actions import Action, ConfirmedActions, confirmed_action
 from ..admin.filters import ExactFilter
 from ..admin.guards import payload_lookup_allowed, refuse_unstorable_query
 from ..admin.paginator import CappedCountPaginator, InboxChangeList
+from ..admin.render import pretty_json
 from ..conf import inbox_settings
 from . import services
 from .models import OutboxMessage
@@ -95,8 +97,16 @@ class OutboxMessageAdmin(ConfirmedActions, _Base):
     def get_fields(self, request: HttpRequest, obj: OutboxMessage | None = None) -> Any:
         fields = list(self.readonly_fields)
         if request.user.has_perm("django_inbox_outbox.view_payload_outboxmessage"):
-            fields += ["payload", "headers"]
+            fields += ["payload_shown", "headers_shown"]
         return fields
+
+    @admin.display(description="payload")
+    def payload_shown(self, obj: OutboxMessage) -> SafeString:
+        return pretty_json(obj.payload)  # a value no process can decode: its stored text
+
+    @admin.display(description="headers")
+    def headers_shown(self, obj: OutboxMessage) -> SafeString:
+        return pretty_json(obj.headers)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return self.get_fields(request, obj)

@@ -101,8 +101,23 @@ def encode(headers: dict[str, Any]) -> str:
     return text
 
 
+#: Headers RabbitMQ reads itself (sender-selected distribution): an array of strings, or it
+#: closes the channel (406) under the whole batch.
+ROUTING_HEADERS = ("CC", "BCC")
+
+
 def check_table(value: Any, path: str) -> None:
     """:class:`InvalidPayload` naming the first value under ``path`` AMQP cannot carry."""
+    if path == "headers" and isinstance(value, dict):
+        for name in ROUTING_HEADERS:
+            routed = value.get(name)
+            if name in value and not (
+                isinstance(routed, list) and all(isinstance(item, str) for item in routed)
+            ):
+                raise InvalidPayload(
+                    f"header {name!r} routes the message at RabbitMQ (sender-selected "
+                    "distribution) and must be a list of routing keys"
+                )
     if isinstance(value, dict):
         for name, item in value.items():
             size = len(name.encode("utf-8"))
@@ -120,6 +135,13 @@ def check_table(value: Any, path: str) -> None:
         raise InvalidPayload(
             f"{path} is an integer of {value.bit_length()} bits; AMQP carries integers from "
             "-2**63 to 2**63-1 (send a larger one as a string)"
+        )
+    elif isinstance(value, float) and value.is_integer() and not INT_MIN <= value <= INT_MAX:
+        # PostgreSQL's jsonb keeps 1e19 as the number 10000000000000000000: the relay reads
+        # it back as an integer AMQP cannot carry.
+        raise InvalidPayload(
+            f"{path} is {value!r}, which the outbox's table keeps as an integer beyond 64 "
+            "bits; AMQP carries integers from -2**63 to 2**63-1 (send it as a string)"
         )
 
 

@@ -216,6 +216,8 @@ class Publisher:
         now = time.monotonic()
         missing: dict[str, str] = {}
         for name in dict.fromkeys(row.exchange for row in rows if row.exchange):
+            if len(name.encode("utf-8")) > 255:
+                continue  # no AMQP name: _message() says so for its rows (py-amqp cannot ask)
             if now - self._exchanges.get(name, -EXCHANGE_CHECKED_FOR) < EXCHANGE_CHECKED_FOR:
                 continue
             try:
@@ -259,8 +261,9 @@ def _message(row: Claimed, frame_max: int) -> Any:
     import amqp
 
     for name in ("payload", "headers"):
-        if isinstance(getattr(row, name), UnreadableJSON):
-            raise ValueError(f"the stored {name} is {UnreadableJSON.reason}")
+        value = getattr(row, name)
+        if isinstance(value, UnreadableJSON):
+            raise ValueError(f"the stored {name} is {value.reason}")
     for name, value in (("exchange", row.exchange), ("routing key", row.routing_key)):
         if len(value.encode("utf-8")) > 255:
             raise ValueError(f"the {name} is over 255 bytes of UTF-8")

@@ -218,6 +218,7 @@ class Relay:
         if self.max_messages is not None:
             limit = min(limit, self.max_messages - self.stats.sent)
         lease_id, claimed = rows.claim(limit, self.using)
+        claimed = self._give_up(claimed, lease_id)
         if not claimed:
             return 0
         assert self._publisher is not None
@@ -263,6 +264,19 @@ class Relay:
             rows.give_back(result.unknown, lease_id, self.using)
         self._reconnect_delay = RECONNECT_FIRST  # a batch settled: the broker works
         return len(claimed)
+
+    def _give_up(self, claimed: list[rows.Claimed], lease_id: str) -> list[rows.Claimed]:
+        """Rows claimed more often than ``INBOX_OUTBOX_MAX_ATTEMPTS`` without a publication that
+        settled (each claim stopped a relay, or outlived its lease) are dead now; the others."""
+        limit = outbox_settings.max_attempts
+        for row in claimed:
+            if row.attempts > limit:
+                reason = (
+                    f"claimed {row.attempts} times (INBOX_OUTBOX_MAX_ATTEMPTS is {limit}) without "
+                    "a publication that settled: a relay stopped on it, or lost its lease"
+                )
+                self.stats.failed[rows.fail(row, lease_id, reason, self.using, dead=True)] += 1
+        return [row for row in claimed if row.attempts <= limit]
 
 
 def _keys(by_pk: dict[int, rows.Claimed], pks: list[int]) -> list[str]:

@@ -14,13 +14,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import BooleanField, F, Min, Q, Subquery
+from django.db.models import BooleanField, F, Min, Q, Subquery, Value
 from django.db.models.expressions import RawSQL
+from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from ..db import preparing
 from ..db.statements.common import fence
 from ..text import storable
+from ..validation import ATTEMPTS_MAX
 from .models import OutboxMessage
 from .settings import outbox_settings
 
@@ -110,12 +112,12 @@ def claim(limit: int, using: str, *, now: datetime | None = None) -> tuple[str, 
         OutboxMessage.objects.using(using).filter(pk__in=[row[0] for row in found]).update(
             lease_id=lease_id,
             locked_until=until,
-            attempts=F("attempts") + 1,
+            attempts=Least(F("attempts"), Value(ATTEMPTS_MAX - 1)) + 1,
             updated_at=now,
         )
     return lease_id, [
-        Claimed(pk, message_id, event_type, payload, headers or {}, exchange, routing, key, n + 1)
-        for pk, message_id, event_type, payload, headers, exchange, routing, key, n in sorted(found)
+        Claimed(*row[:4], row[4] or {}, *row[5:8], min(row[8] + 1, ATTEMPTS_MAX))
+        for row in sorted(found)
     ]
 
 
@@ -289,7 +291,7 @@ def give_back(pks: list[int], lease_id: str, using: str) -> int:
         OutboxMessage.objects.using(using)
         .filter(pk__in=pks, lease_id=fence(lease_id))
         .update(
-            attempts=F("attempts") - 1,
+            attempts=Greatest(F("attempts") - 1, Value(0)),
             next_attempt_at=now,
             locked_until=None,
             lease_id="",

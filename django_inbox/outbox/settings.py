@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from ..conf import inbox_settings
 from ..durations import to_seconds
-
-#: The most a row's ``attempts`` holds (a 32-bit column): a larger setting acts as this, so a
-#: row is dead before the next claim's ``attempts + 1`` fails in the database.
-ATTEMPTS_MAX = 2**31 - 1
+from ..validation import ATTEMPTS_MAX
 
 
 class OutboxSettings:

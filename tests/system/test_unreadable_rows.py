@@ -165,3 +165,34 @@ def test_a_failing_handler_records_its_failure_whatever_the_history_held(
     assert row.errors, "the failure is in the history"
     if change != "history = 'null'":
         assert row.history[0]["kind"] == "unreadable", "what the row held is kept as text"
+
+
+OUTBOX_HAND_MADE = {
+    # A 32-bit attempts column: the claim's attempts + 1 failed in the database, every claim.
+    "attempts-at-the-column-max": ("attempts = 2147483647", "claimed 2147483647 times"),
+    # py-amqp cannot even ask the broker about an exchange name over 255 bytes (struct.error).
+    "exchange-over-255-bytes": (f"exchange = '{'é' * 200}'", "over 255 bytes of UTF-8"),
+    # Claimed past INBOX_OUTBOX_MAX_ATTEMPTS (10) without settling: each claim stopped a relay.
+    "claimed-past-its-attempts": ("attempts = 10", "claimed 11 times"),
+}
+
+
+@pytest.mark.parametrize("case", list(OUTBOX_HAND_MADE))
+def test_outbox_rows_written_by_hand_never_stop_a_relay(
+    manage: Manage, queue: str, case: str
+) -> None:
+    change, says = OUTBOX_HAND_MADE[case]
+    odd = publish("odd.event", {"n": 0}, routing_key=queue)
+    behind = [publish("odd.event", {"n": n}, routing_key=queue) for n in (1, 2)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {OutboxMessage._meta.db_table} SET {change} WHERE message_id = %s", [odd]
+        )
+
+    finish(manage("outbox_relay", "--broker", brokers.RABBITMQ, "--until-idle", "1"))
+
+    row = OutboxMessage.objects.get(message_id=odd)
+    assert row.status == OutboxMessage.Status.DEAD
+    assert says in row.last_error
+    sent = OutboxMessage.objects.filter(status=OutboxMessage.Status.SENT)
+    assert set(sent.values_list("message_id", flat=True)) == set(behind)

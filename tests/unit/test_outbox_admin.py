@@ -124,3 +124,19 @@ def test_the_replay_needs_its_permission_even_forged() -> None:
     response = client.post(CHANGELIST, forged)
     assert not is_confirmation(response)
     assert snapshot() == before and not entries().exists()
+
+
+def test_a_stored_value_no_process_can_decode_shows_as_its_text() -> None:
+    """The detail page showed it as a JSON string, which read like a payload that is text."""
+    from django.db import connection
+
+    pk = rows(1)[0]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {OutboxMessage._meta.db_table} SET payload = %s WHERE id = %s",
+            ['{"a": ' + "9" * 5000 + "}", pk],
+        )
+    client = operator("view_payload_outboxmessage")
+    page = html(client.get(f"{CHANGELIST}{pk}/change/"))
+    assert "Shown as stored: holding a number with more digits" in page
+    assert "{&quot;a&quot;: 999" in page

@@ -143,3 +143,23 @@ def test_headers_nested_past_what_amqp_encodes_are_invalid_payload() -> None:
     with override_settings(INBOX_MAX_JSON_DEPTH=100_000):
         refused({"deep": deep}, "too deep")
     assert not OutboxMessage.objects.exists()
+
+
+@pytest.mark.parametrize("value", [1e19, -1e19, 9.3e18, float(2**64)])
+def test_a_float_the_table_keeps_as_an_integer_beyond_64_bits_is_refused(value: float) -> None:
+    """PostgreSQL's jsonb keeps 1e19 as 10000000000000000000: the relay read back an integer
+    AMQP cannot carry and the row died at its first attempt."""
+    refused({"x-amount": value}, "keeps as an integer beyond 64 bits")
+    refused({"nested": {"x": [value]}}, "keeps as an integer beyond 64 bits")
+    publish("t", {}, routing_key="q", headers={"x-amount": 1.5e19 / 3 / 1e10, "y": 9.2e18})
+    assert OutboxMessage.objects.count() == 1
+
+
+@pytest.mark.parametrize("name", ["CC", "BCC"])
+@pytest.mark.parametrize("value", ["orders", 5, ["orders", 5], {"a": "b"}])
+def test_rabbitmqs_routing_headers_must_be_lists_of_routing_keys(name: str, value: Any) -> None:
+    """RabbitMQ closed the channel (406) under the whole batch for a CC header that is no list
+    of strings; its batch-mates went out twice."""
+    refused({name: value}, f"header {name!r} routes the message")
+    publish("t", {}, routing_key="q", headers={name: ["orders", "audit"], "cc": "any"})
+    assert OutboxMessage.objects.count() == 1
