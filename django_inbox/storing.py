@@ -28,6 +28,10 @@ from .validation import (
 )
 
 Status = InboxMessage.Status
+#: The error type of a message kept dead without the key it named (one that could not be read,
+#: or stored as it is): an operator's replay of it is refused in an ordered consumer, where it
+#: would run outside its key's order.
+KEY_LOST = "KeyLost"
 
 
 def store(
@@ -103,19 +107,23 @@ def store_dead(
     (e.g. the raw body). Takes the other arguments of :func:`~django_inbox.deliver`.
 
     Being the last resort, it stores what it can: text fields are made storable, an event
-    type too long for its column is cut (marked with an ellipsis), a ``key`` or ``source`` too
-    long for theirs is left blank (cut, two keys could become one; the reason and the headers
-    say what arrived), and headers or a payload that cannot be stored are replaced by a note
-    saying why. Only an unusable ``consumer`` or ``message_id`` raises
+    type too long for its column is cut (marked with an ellipsis), a ``key`` or ``source`` that
+    cannot be stored as it is (too long, a NUL) is left blank (cut or cleaned, two keys could
+    become one; the reason and the headers say what arrived; a blanked key makes the error
+    type :data:`KEY_LOST`), and headers or a payload that cannot be stored are replaced by a
+    note saying why. Only an unusable ``consumer`` or ``message_id`` raises
     :class:`~django_inbox.InvalidMessage`: without them there is no row to keep.
     """
     max_bytes = inbox_settings.max_payload_bytes
+    kept_key = _whole_or_blank(key)
+    if key and not kept_key:
+        error_type = KEY_LOST
     row = NewRow(
         consumer=clean_text("consumer", consumer, required=True, max_length=CONSUMER_MAX),
         message_id=clean_message_id(message_id),
         event_type=cut(storable(event_type or "unknown"), TEXT_MAX),
-        source=_whole_or_blank(source),
-        key=_whole_or_blank(key),
+        source=_short_or_blank(storable(source or "")),
+        key=kept_key,
         sequence=_sequence_or_none(sequence),
         payload=_encode_or_note("payload", payload, max_bytes),
         headers=_encode_or_note(
@@ -126,7 +134,15 @@ def store_dead(
 
 
 def _whole_or_blank(value: str | None) -> str:
-    text = storable(value or "")
+    """``value`` if it can be stored as it is, else blank: made storable or cut, two keys (or
+    sources) could become one."""
+    try:
+        return clean_text("key", value, required=False)
+    except InvalidMessage:
+        return ""
+
+
+def _short_or_blank(text: str) -> str:
     return text if len(text) <= TEXT_MAX else ""
 
 

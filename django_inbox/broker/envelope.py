@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 from uuid import UUID
 
-from .identity import ORDER_HEADERS, Unreadable, first_text, read_id, text, unusable
+from .identity import KEY_HEADERS, TYPE_HEADERS, Unreadable, first_text, read_id, text, unusable
 
 JSON_CONTENT_TYPES = ("application/json", "text/json", "application/cloudevents+json")
 CLOUDEVENTS_STRUCTURED = "application/cloudevents+json"
@@ -62,6 +62,9 @@ class Envelope:
     sequence: Any = None
     redelivered: bool = False
     problem: str | None = None
+    #: The message named a key that could not be read: ``key`` is blank, and it is kept dead
+    #: (``KeyLost``) so that no replay runs it outside its key's order.
+    key_lost: bool = False
 
 
 def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
@@ -102,8 +105,11 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
     except Unreadable as exc:
         # Never an id read around the one that could not be read: it could be another's.
         message_id, problem = None, f"the message's id cannot be read: {exc}"
-    else:
-        order = unusable(raw_headers, ORDER_HEADERS) or unusable(
+    key_lost = bool(message_id) and bool(
+        unusable(raw_headers, KEY_HEADERS) or unusable(ce_attributes, ("partitionkey",))
+    )
+    if message_id:
+        order = unusable(raw_headers, (*TYPE_HEADERS, *KEY_HEADERS)) or unusable(
             ce_attributes, ("type", "partitionkey")
         )
         if order:
@@ -124,9 +130,10 @@ def parse(message: BrokerMessage, *, raw_limit: int = RAW_LIMIT) -> Envelope:
         payload=payload,
         headers=headers,
         source=text(ce_source) or text(properties.get("app_id")) or "",
-        key=first_text(headers, "ce-partitionkey", "ce_partitionkey", "partition_key", "key")
-        or text(ce_attributes.get("partitionkey"))
-        or "",
+        key=""  # never a hex spelling, nor the next header's: another aggregate's key
+        if key_lost
+        else first_text(headers, *KEY_HEADERS) or text(ce_attributes.get("partitionkey")),
+        key_lost=key_lost,
         sequence=_sequence(headers, ce_attributes),
         redelivered=_redelivered(message, headers),
         problem=problem,

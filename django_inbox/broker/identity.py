@@ -26,10 +26,8 @@ from .amqp_guard import UNREADABLE
 
 #: Headers that say what a message is and where it goes in its key's order: text, or the
 #: message is kept dead rather than run without them or under another key.
-ORDER_HEADERS = (
-    "ce-type", "ce_type", "event_type", "ce-partitionkey", "ce_partitionkey", "partition_key",
-    "key",
-)  # fmt: skip
+TYPE_HEADERS = ("ce-type", "ce_type", "event_type")
+KEY_HEADERS = ("ce-partitionkey", "ce_partitionkey", "partition_key", "key")
 
 
 class Unreadable(ValueError):

@@ -22,7 +22,7 @@ from ..delivery import deliver
 from ..exceptions import InvalidMessage, InvalidMessageId, UnknownEventType
 from ..registry import registry
 from ..rows import NewRow, prepare
-from ..storing import store, store_dead
+from ..storing import KEY_LOST, store, store_dead
 from ..text import exception_text, storable
 from . import amqp_guard
 from .envelope import Envelope, identity, raw_body
@@ -137,7 +137,8 @@ class Intake:
         try:
             if envelope.problem or not envelope.event_type:
                 reason = envelope.problem or "the message has no event type"
-                return self._keep_dead(fields, envelope.payload, reason, "Undecodable")
+                kind = KEY_LOST if envelope.key_lost else "Undecodable"
+                return self._keep_dead(fields, envelope.payload, reason, kind)
             if self.ack_mode is AckMode.AFTER_STORE:
                 new = store(payload=envelope.payload, **fields)
                 return Decision(Action.ACK, "stored" if new else "duplicate", message_id)

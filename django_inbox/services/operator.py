@@ -21,6 +21,7 @@ from .. import gaps, history, ordering
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxMessage
+from ..storing import KEY_LOST
 from . import rerun
 from .actions import ActionOptions as ActionOptions
 from .actions import ActionResult as ActionResult
@@ -62,6 +63,11 @@ def replay(
         return None
 
     def decide(row: InboxMessage) -> str | None:
+        if row.last_error.startswith(f"{KEY_LOST}:") and inbox_settings.ordered(row.consumer):
+            return (
+                "kept dead without the key it named (unreadable, or too long to store): "
+                "replayed, it would run outside its key's order; skip it"
+            )
         if row.status in REPLAYABLE:
             return None
         if row.sequence is not None and ordering.applies(row.consumer, row.key):

@@ -904,6 +904,8 @@ def test_a_key_or_type_that_is_not_text_keeps_the_message_dead(headers: dict[str
     envelope = parse(kombu_message({"n": 1}, headers=headers, message_id="m-1", type="t"))
     assert envelope.message_id == "m-1"
     assert envelope.problem is not None and "type or key cannot be read" in envelope.problem
+    if "event_type" not in headers:  # never a hex spelling: kept dead as KeyLost, blank
+        assert (envelope.key, envelope.key_lost) == ("", True)
 
 
 def test_numbers_as_ids_and_keys_are_text() -> None:

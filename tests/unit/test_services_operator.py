@@ -699,3 +699,32 @@ def test_replay_10000_dead_rows_in_one_call() -> None:
     ]
     assert len(replays) == 10_000 and set(replays) == {1}
     assert not InboxMessage.objects.exclude(attempts=0).exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", ["K" * 300, "nul\x00key"])
+def test_a_message_kept_dead_without_its_key_is_not_replayed_in_an_ordered_consumer(
+    key: str,
+) -> None:
+    """Its key could not be stored as it arrived, so it was blanked (cut or cleaned, two keys
+    could have become one): replayed, it would run as an unkeyed message, outside the order
+    of the key it named. In a consumer that does not order by key, the key does not matter."""
+    from django_inbox.storing import store_dead
+
+    for consumer, message_id in (("ordered", "lost-ordered"), ("effects", "lost-plain")):
+        store_dead(
+            consumer=consumer, message_id=message_id, event_type="ordered.apply", payload={},
+            key=key, sequence=3, reason="key cannot be stored", error_type="InvalidField",
+        )  # fmt: skip
+    rows = {row.message_id: row for row in InboxMessage.objects.all()}
+    assert {row.key for row in rows.values()} == {""}
+    assert all(row.last_error.startswith("KeyLost: ") for row in rows.values())
+
+    result = replay(select(statuses=["dead"]), actor="dave", reason="retry", via="test")
+
+    assert result.refused == {
+        "kept dead without the key it named (unreadable, or too long to store): replayed, it "
+        "would run outside its key's order; skip it": 1
+    }
+    assert result.changed == {"dead": 1}
+    assert [message_id for _, _, message_id, _ in result.rows] == ["lost-plain"]
