@@ -11,8 +11,6 @@ row back once the database answers
 from __future__ import annotations
 
 import logging
-import platform
-import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -25,7 +23,7 @@ from . import events, history, interruptions, leases, ordering, side_effects
 from .commits import committing
 from .conf import inbox_settings
 from .db.connection import connection_lost, transaction_aborted
-from .db.json import UnreadableJSON
+from .db.json import unreadable
 from .exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted, UnreadableMessage
 from .models import InboxMessage
 from .outcomes import Outcome
@@ -99,16 +97,8 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
 
 def unreadable_reason(message: InboxMessage) -> str | None:
     """Why a claimed row's payload or headers cannot be shown to a handler, or ``None``."""
-    for name in ("payload", "headers"):
-        value = getattr(message, name)
-        if isinstance(value, UnreadableJSON):
-            return (
-                f"the stored {name} is {value.reason} (Python "
-                f"{platform.python_version()}, recursion limit {sys.getrecursionlimit()}): it "
-                "was stored before INBOX_MAX_JSON_DEPTH was checked, or not by the inbox; "
-                "the handler did not run"
-            )
-    return None
+    why = unreadable(payload=message.payload, headers=message.headers)
+    return f"{why}; the handler did not run" if why else None
 
 
 def run_released(

@@ -122,8 +122,8 @@ def deliver(
     using = inbox_settings.database
     if interruptions.pending():
         give_back_interrupted(using)
-    return once_more_if_index_changed(
-        using, lambda: deliver_row(row, using, redelivered=redelivered)
+    return once_more_if_index_changed(  # each try from the message as it arrived
+        using, lambda: deliver_row(fresh(row), using, redelivered=redelivered)
     )
 
 

@@ -102,6 +102,8 @@ def readable(stored: Any) -> list[dict[str, Any]]:
             for name in _TEXT_FIELDS
             if item.get(name) is not None and not isinstance(item[name], str)
         }
+        if item.get("at") is None:  # every entry says when; readers slice it
+            fixed["at"] = ""
         entries.append({**item, **fixed} if fixed else item)
     return entries
 

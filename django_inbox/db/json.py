@@ -11,25 +11,45 @@ records the row ``dead`` with the reason, and the admin shows the text.
 
 from __future__ import annotations
 
+import platform
+import sys
 from typing import Any
 
 from django.db import models
+from django.db.models.fields.json import KeyTransform
+
+from ..history import readable
 
 
 class UnreadableJSON(str):
-    """The stored text of a JSON column that this process could not decode.
-
-    Never handed to a handler (the attempt ends ``dead`` first) and never written back.
-    """
+    """The stored text of a JSON column that this process could not decode, and why
+    (``reason``, ``detail``). Never handed to a handler (the attempt ends ``dead`` first) and
+    never written back."""
 
     reason = "nested deeper than this Python process can decode"
+    #: What the process that failed was, and where such a value comes from.
+    detail = (
+        f"Python {platform.python_version()}, recursion limit {sys.getrecursionlimit()}; "
+        "stored before INBOX_MAX_JSON_DEPTH was checked, or not by the inbox"
+    )
 
 
-def unreadable(*values: object) -> UnreadableJSON | None:
-    """The first of ``values`` that could not be decoded, or ``None``."""
-    for value in values:
+def too_many_digits(text: str) -> UnreadableJSON:
+    found = UnreadableJSON(text)
+    found.reason = "holding a number with more digits than this Python process reads"
+    found.detail = (
+        f"Python reads integers of at most {sys.get_int_max_str_digits()} digits; stored "
+        "by hand, or by another program"
+    )
+    return found
+
+
+def unreadable(**values: object) -> str | None:
+    """Why the first of the named ``values`` that could not be decoded cannot be used
+    (``the stored payload is …``), or ``None``."""
+    for name, value in values.items():
         if isinstance(value, UnreadableJSON):
-            return value
+            return f"the stored {name} is {value.reason} ({value.detail})"
     return None
 
 
@@ -46,9 +66,7 @@ class StoredJSONField(models.JSONField):
         except RecursionError:
             return UnreadableJSON(value)
         except ValueError:  # an integer of more digits than int() takes (4,300)
-            text = UnreadableJSON(value)
-            text.reason = "holding a number with more digits than this Python process reads"
-            return text
+            return too_many_digits(value)
 
     def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
         if isinstance(value, UnreadableJSON):
@@ -66,6 +84,7 @@ class HistoryField(StoredJSONField):
     (:func:`django_inbox.history.readable`), whatever the row holds."""
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
-        from ..history import readable
-
-        return readable(super().from_db_value(value, expression, connection))
+        decoded = super().from_db_value(value, expression, connection)
+        if isinstance(expression, KeyTransform):  # history__0__kind: a part, as it is
+            return decoded
+        return readable(decoded)

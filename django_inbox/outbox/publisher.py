@@ -20,7 +20,7 @@ from typing import Any
 
 from kombu.connection import Connection
 
-from ..db.json import UnreadableJSON
+from ..db.json import unreadable
 from .headers import check_table
 from .rows import Claimed
 
@@ -260,10 +260,9 @@ def _message(row: Claimed, frame_max: int) -> Any:
     bytes, a header AMQP cannot encode, properties that do not fit one frame."""
     import amqp
 
-    for name in ("payload", "headers"):
-        value = getattr(row, name)
-        if isinstance(value, UnreadableJSON):
-            raise ValueError(f"the stored {name} is {value.reason}")
+    why = unreadable(payload=row.payload, headers=row.headers)
+    if why:
+        raise ValueError(why)
     for name, value in (("exchange", row.exchange), ("routing key", row.routing_key)):
         if len(value.encode("utf-8")) > 255:
             raise ValueError(f"the {name} is over 255 bytes of UTF-8")

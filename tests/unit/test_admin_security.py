@@ -215,6 +215,7 @@ ODD_HISTORIES = [
     "null", "5", '"abc"', "[null]", '[{"kind": ["a"], "at": "2026-01-01T00:00:00"}]',
     '[{"kind": "error", "at": 5}]', '[{"kind": "error", "at": "x", "retry_at": {"a": 1}}]',
     '[{"kind": "replay", "at": "2026-13-45T99:00:00", "attempts": "three"}]',
+    '[{"kind": "error", "at": null}, {"kind": "interrupted"}]',
 ]  # fmt: skip
 
 
