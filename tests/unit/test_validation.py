@@ -355,3 +355,33 @@ def test_nesting_of_objects_and_arrays_in_turn_is_counted_level_by_level(depth: 
     """``{"k": [{"k": [...]}]}``: each pass takes one level off, never an array and the object
     around it together."""
     assert nesting_exceeds(json.dumps(nested(depth)), 64) is (depth > 64)
+
+
+def random_tree(rng: Any, height: int, budget: list[int]) -> object:
+    """Arrays and objects of random width down to ``height`` (one branch reaches it), strings
+    with brackets between; ``budget`` bounds the containers made."""
+    if height == 0:
+        return rng.choice([1, "]}[", '"{', None])
+    budget[0] -= 1
+    width = rng.randrange(3) if budget[0] > 0 else 0
+    children = [random_tree(rng, rng.randrange(height), budget) for _ in range(width)]
+    children.append(random_tree(rng, height - 1, budget))
+    rng.shuffle(children)
+    if rng.random() < 0.5:
+        return children
+    return {f"k{i}]": child for i, child in enumerate(children)}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_nesting_past_the_levels_peeled_first_is_walked_right(seed: int) -> None:
+    """Deeper than the levels taken off pair by pair (8), the rest is counted by a walk over
+    runs of brackets: checked against the decoded value at limits on both sides."""
+    import random
+
+    rng = random.Random(seed)
+    value = random_tree(rng, rng.randrange(9, 90), [400])
+    text = json.dumps(value, ensure_ascii=bool(seed % 2))
+    depth = depth_of(value)
+    for limit in {9, 16, depth - 1, depth, depth + 1, 64}:
+        if limit >= 1:
+            assert nesting_exceeds(text, limit) is (depth > limit), (seed, depth, limit)
