@@ -19,10 +19,10 @@ from ..models import ATTENTION_STATUSES, InboxMessage
 from ..services import by_message_id
 from .actions import ACTIONS, ActionsMixin
 from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter
-from .guards import payload_lookup_allowed, refuse_unstorable_query
+from .guards import payload_lookup_allowed, primary_key, refuse_unstorable_query
 from .keys import KeyViewMixin
 from .paginator import CappedCountPaginator, InboxChangeList
-from .render import error_type, pretty_json, primary_key, status_badge, summary, timeline
+from .render import error_type, pretty_json, status_badge, summary, timeline
 
 Status = InboxMessage.Status
 #: Fields only users with ``view_payload_inboxmessage`` may see or filter the list by: the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -12,10 +11,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from ..db.json import UnreadableJSON
 from ..models import InboxMessage
-from ..services import PROBLEM_KINDS, STATUSES, collect
-from ..text import cut
+from ..services import PROBLEM_KINDS, STATUSES, collect, shown_json
 from ..wording import counted
 
 #: Symbol shown before each status, so the status reads without colour too.
@@ -41,47 +38,16 @@ def status_badge(status: str) -> SafeString:
     )
 
 
-def primary_key(text: str) -> int | None:
-    """``text`` as a row's primary key, or ``None`` if no row can have it: ``isdigit()`` alone
-    accepts "²", which ``int()`` refuses, and beyond a bigint no row can match."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 19:
-        return None
-    number = int(text)
-    return number if number < 2**63 else None
-
-
-#: Characters of a payload shown as stored text when it cannot be shown as a tree.
-RAW_SHOWN = 20_000
-
-
 def pretty_json(value: Any) -> SafeString:
-    """``value`` indented; a value this process cannot decode or indent (nested too deeply)
-    is shown as the stored text, cut, with the reason."""
-    if isinstance(value, UnreadableJSON):
-        return _raw_json(str(value), f"Shown as stored: {value.reason}.")
-    try:
-        text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
-    except RecursionError:
-        compact = _compact(value)
-        if compact is None:
-            return format_html('<p class="inbox-hidden">{}</p>', "Nested too deeply to show.")
-        return _raw_json(compact, "Shown unindented: nested too deeply to indent.")
-    return format_html('<pre class="inbox-json">{}</pre>', text)
-
-
-def _compact(value: Any) -> str | None:
-    try:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    except RecursionError:
-        return None
-
-
-def _raw_json(text: str, note: str) -> SafeString:
-    shown = cut(text, RAW_SHOWN)
-    if len(text) > RAW_SHOWN:
-        note += f" The first {RAW_SHOWN:,} of {len(text):,} characters."
+    """``value`` indented; one this process cannot decode or indent shown as it can be, with
+    why (:func:`~django_inbox.services.shown_json`)."""
+    shown = shown_json(value, indent=2, sort_keys=True)
+    if shown.note is None:
+        return format_html('<pre class="inbox-json">{}</pre>', shown.text)
+    if not shown.text:
+        return format_html('<p class="inbox-hidden">{}</p>', shown.note)
     return format_html(
-        '<p class="inbox-hidden">{}</p><pre class="inbox-json">{}</pre>', note, shown
+        '<p class="inbox-hidden">{}</p><pre class="inbox-json">{}</pre>', shown.note, shown.text
     )
 
 

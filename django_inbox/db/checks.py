@@ -70,13 +70,12 @@ def _encoding(alias: str) -> list[CheckMessage]:
     only when checks run for this database (``migrate``, ``check --database``)."""
     from django.db import DatabaseError, connections
 
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
+    from .statements import server_encoding
+
+    if connections[alias].vendor != "postgresql":
         return []
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW server_encoding")
-            encoding = str(cursor.fetchone()[0])
+        encoding = server_encoding(alias)
     except DatabaseError:
         return []  # unreachable: other checks and commands say so
     if encoding.upper().replace("-", "") == "UTF8":

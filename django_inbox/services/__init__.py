@@ -11,6 +11,7 @@ reclaim, replay or delete a row twice.
 - :mod:`~django_inbox.services.operator`: replaying, parking, retrying now (what they share:
   :mod:`~django_inbox.services.actions`; an ordered consumer's re-run:
   :mod:`~django_inbox.services.rerun`; skipping: :mod:`~django_inbox.services.skipping`);
+- :mod:`~django_inbox.services.showing`: a stored value as an operator reads it;
 - :mod:`~django_inbox.services.stats`: counts and known consumers;
   :mod:`~django_inbox.services.problems`: the problems they show.
 """
@@ -35,6 +36,7 @@ from .purge import PURGEABLE, PurgeProgress, PurgeResult, expired, purge
 from .reclaim import ReclaimResult, reclaim, reclaimable
 from .rerun_progress import rerun_blocked, rerun_failed, rerun_left
 from .selection import by_message_id, command_actor, count_by_status, find, select
+from .showing import Shown, shown_json
 from .skipping import skip
 from .stats import (
     PROBLEM_KINDS,
@@ -67,6 +69,7 @@ __all__ = [
     "PurgeProgress",
     "PurgeResult",
     "ReclaimResult",
+    "Shown",
     "Worker",
     "WorkerStats",
     "by_message_id",
@@ -88,5 +91,6 @@ __all__ = [
     "rerun_left",
     "retry_now",
     "select",
+    "shown_json",
     "skip",
 ]

@@ -24,7 +24,13 @@ from .common import IdentityIndexChanged, NewRow
 from .hot import current_status, current_status_sql, insert, insert_completed, insert_or_status
 from .keys import lock_and_apply, lock_key
 from .ordered import Taken, advance, complete_ordered, lock_apply_complete, set_aside
-from .upkeep import delete_selected, distinct_consumers, estimated_rows, update_appending_history
+from .upkeep import (
+    delete_selected,
+    distinct_consumers,
+    estimated_rows,
+    server_encoding,
+    update_appending_history,
+)
 
 __all__ = [
     "IdentityIndexChanged",
@@ -47,6 +53,7 @@ __all__ = [
     "lock_and_apply",
     "lock_apply_complete",
     "lock_key",
+    "server_encoding",
     "set_aside",
     "update_appending_history",
 ]

@@ -120,3 +120,10 @@ def distinct_consumers(using: str) -> list[str]:
             f"SELECT name FROM walk WHERE name IS NOT NULL"
         )
         return [str(name) for (name,) in cursor.fetchall()]
+
+
+def server_encoding(using: str) -> str:
+    """The PostgreSQL database's encoding (``UTF8``, ``LATIN1``…), for check W005."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SHOW server_encoding")
+        return str(cursor.fetchone()[0])

@@ -5,9 +5,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ...db.json import UnreadableJSON
 from ...models import InboxMessage
-from ...services import find
+from ...services import find, shown_json
 from ...wording import counted
 from ..base import MISCONFIGURED, InboxCommand, require_known_consumers
 
@@ -80,13 +79,8 @@ def describe(message: InboxMessage, payload: bool) -> dict[str, Any]:
 
 def _showable(value: Any) -> Any:
     """``value`` if it can be written as JSON here, else its text with why."""
-    if isinstance(value, UnreadableJSON):
-        return {"stored_text": str(value), "unreadable": value.reason}
-    try:
-        json.dumps(value)
-    except RecursionError:
-        return {"unreadable": "nested too deeply to show"}
-    return value
+    shown = shown_json(value)
+    return value if shown.note is None else {"shown": shown.text, "why": shown.note}
 
 
 def _when(value: Any) -> str:
@@ -136,10 +130,6 @@ def render(message: InboxMessage, payload: bool) -> str:
 
 
 def _json(value: Any) -> str:
-    """A stored value as JSON text; one this process cannot decode or encode, as stored."""
-    if isinstance(value, UnreadableJSON):
-        return f"(shown as stored: {value.reason}) {value}"
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except RecursionError:
-        return "(nested too deeply to show)"
+    """A stored value as JSON text; one this process cannot decode or write out, as it can."""
+    shown = shown_json(value)
+    return shown.text if shown.note is None else f"({shown.note}) {shown.text}"
