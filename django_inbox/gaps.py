@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Min
+from django.db.models import Min, QuerySet
 from django.utils import timezone
 
 from . import events, history
@@ -166,14 +166,22 @@ def park_expired_gaps(using: str | None = None, *, consumer: str | None = None) 
     many rows were parked. Called by ``inbox_process`` and ``inbox_reclaim``."""
     using = using or inbox_settings.database
     now = timezone.now()
-    rows = InboxMessage.objects.using(using).filter(status=Status.WAITING, next_attempt_at__lte=now)
-    if consumer is not None:
-        rows = rows.filter(consumer=consumer)
+    rows = expired_waiting(using, consumer=consumer, now=now)
     due = list(rows.order_by("next_attempt_at").values_list("pk", flat=True)[:SWEEP_BATCH])
     parked = 0
     for pk in due:
         parked += _look_at_waiting(pk, now, using)
     return parked
+
+
+def expired_waiting(
+    using: str, *, consumer: str | None = None, now: datetime | None = None
+) -> QuerySet[InboxMessage]:
+    """``waiting`` rows past their gap deadline (of ``consumer``, if given)."""
+    rows = InboxMessage.objects.using(using).filter(
+        status=Status.WAITING, next_attempt_at__lte=now or timezone.now()
+    )
+    return rows if consumer is None else rows.filter(consumer=consumer)
 
 
 def _look_at_waiting(pk: int, now: datetime, using: str) -> int:

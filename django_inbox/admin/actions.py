@@ -27,6 +27,7 @@ from .. import services
 from ..conf import inbox_settings
 from ..models import InboxMessage
 from ..services import ActionResult, count_by_status
+from ..text import storable
 from ..wording import counted
 
 Status = InboxMessage.Status
@@ -167,6 +168,8 @@ class ConfirmedActions(_Base):
         if request.POST.get("confirm") == "yes":
             if spec.reason_required and not reason:
                 error = "Say why: a reason is required for this action."
+            elif reason != storable(reason):  # refused before anything changes: the audit
+                error = "The reason holds a character the database cannot store (a NUL)."
             else:
                 # Counted before the run: afterwards the re-run rows are no longer completed.
                 elsewhere = (

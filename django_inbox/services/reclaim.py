@@ -38,6 +38,9 @@ class ReclaimResult:
     released: int = 0
     #: Ordered consumers' ``waiting`` rows parked because their gap outlived ``gap_timeout``.
     parked_gaps: int = 0
+    #: With ``dry_run``: ``waiting`` rows past their gap deadline, which a real run looks at
+    #: (and parks, if their gap is still open).
+    expired_gaps: int = 0
     #: ``(consumer, message_id, new status)`` of every row, in the order handled.
     rows: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -76,7 +79,9 @@ def reclaim(
     """
     using = inbox_settings.database
     result = ReclaimResult()
-    if not dry_run:
+    if dry_run:
+        result.expired_gaps = gaps.expired_waiting(using, consumer=consumer).count()
+    else:
         result.parked_gaps = gaps.park_expired_gaps(using, consumer=consumer)
     seen: set[int] = set()
     while True:

@@ -140,3 +140,18 @@ def test_a_stored_value_no_process_can_decode_shows_as_its_text() -> None:
     page = html(client.get(f"{CHANGELIST}{pk}/change/"))
     assert "Shown as stored: holding a number with more digits" in page
     assert "{&quot;a&quot;: 999" in page
+
+
+def test_a_reason_the_database_cannot_store_is_refused_before_anything_changes() -> None:
+    """A NUL in the reason answered 500 once the rows were replayed, and nothing was audited."""
+    dead = rows(1, status=Status.DEAD)
+    client = operator("replay_outboxmessage")
+    before = snapshot()
+    page = html(client.post(CHANGELIST, {"action": "replay_dead", "_selected_action": dead}))
+    form = form_with(page, "confirm", "yes")
+
+    refused = client.post(CHANGELIST, as_post(form, reason="broken\x00reason"))
+
+    assert refused.status_code == 200 and is_confirmation(refused)
+    assert "cannot store (a NUL)" in html(refused)
+    assert snapshot() == before and not entries().exists()

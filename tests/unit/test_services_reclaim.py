@@ -287,3 +287,24 @@ def test_blame_holds_when_a_batch_is_split_across_reclaim_transactions() -> None
 
 
 # --- (e) two inbox_reclaim processes at once -------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_says_what_it_does_with_waiting_rows_past_their_gap_timeout() -> None:
+    """It parked them, and said "reclaimed 0 row(s)"; its dry run did not mention them."""
+    from django_inbox import Outcome, deliver
+
+    outcome = deliver(
+        consumer="ordered", message_id="v5", event_type="ordered.apply", payload={},
+        key="K-gap", sequence=5,
+    )  # fmt: skip
+    assert outcome == Outcome.WAITING
+    past = timezone.now() - timedelta(hours=1)
+    InboxMessage.objects.filter(message_id="v5").update(next_attempt_at=past)
+
+    dry, _ = reclaim("--dry-run")
+    assert "would look at 1 waiting row past gap_timeout (parked if its gap is still open)" in dry
+    assert InboxMessage.objects.get(message_id="v5").status == Status.WAITING
+    done, _ = reclaim()
+    assert "parked 1 waiting row whose gap outlived gap_timeout" in done
+    assert InboxMessage.objects.get(message_id="v5").status == Status.PARKED

@@ -4,7 +4,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ...services import reclaim
+from ...services import ReclaimResult, reclaim
+from ...wording import counted
 from ..base import MISCONFIGURED, InboxCommand, require_known_consumers, seconds
 
 
@@ -55,5 +56,19 @@ class Command(InboxCommand):
             self.stdout.write(
                 f"inbox_reclaim: {verb} {result.total} row(s): {result.failed} failed "
                 f"(retried after backoff), {result.dead} dead, {result.released} released "
-                "unstarted"
+                "unstarted" + _gaps(result)
             )
+
+
+def _gaps(result: ReclaimResult) -> str:
+    """What became of ordered consumers' waiting rows past their gap deadline."""
+    if result.parked_gaps:
+        return (
+            f"; parked {counted(result.parked_gaps, 'waiting row')} whose gap outlived gap_timeout"
+        )
+    if result.expired_gaps:
+        return (
+            f"; would look at {counted(result.expired_gaps, 'waiting row')} past gap_timeout "
+            "(parked if its gap is still open)"
+        )
+    return ""
