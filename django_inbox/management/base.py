@@ -21,6 +21,8 @@ from ..wording import counted
 
 #: Exit code of a command that is misconfigured (system check error, bad argument).
 MISCONFIGURED = 2
+#: Exit code of a command stopped by Ctrl-C (SIGINT) that has no stop of its own: the shell's.
+INTERRUPTED = 130
 
 
 def seconds(value: str) -> float:
@@ -82,7 +84,16 @@ class InboxCommand(BaseCommand):
     def execute(self, *args: Any, **options: Any) -> Any:
         if self.requires_migrated:
             require_migrated(wait=self.waits_for_database)
-        return super().execute(*args, **options)
+        try:
+            return super().execute(*args, **options)
+        except KeyboardInterrupt:
+            # Ctrl-C in a command without a stop of its own (purge, reclaim, replay): each
+            # batch is its own transaction, so the ones done are kept and the rest untouched.
+            raise CommandError(
+                "interrupted: the batches done so far are committed, the rest is untouched; "
+                "run the command again to go on",
+                returncode=INTERRUPTED,
+            ) from None
 
 
 def require_migrated(*, wait: bool) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -177,3 +178,27 @@ def test_command_refuses_a_status_that_is_never_purged(
     assert message in result.stderr, result.stderr
     assert "completed, skipped, dead" in result.stderr  # says what can be purged
     assert not (tmp_path / "never-opened.sqlite3").exists()
+
+
+@pytest.mark.postgres
+def test_ctrl_c_during_a_purge_keeps_what_was_done_without_a_traceback(manage: Manage) -> None:
+    """It printed a ``KeyboardInterrupt`` traceback and nothing about the rows deleted."""
+    from tests.unit.test_services_purge import make
+
+    for n in range(3):
+        make("effects", Status.COMPLETED, age=90 * 86400, message_id=f"old-{n}")
+    proc = manage(
+        "inbox_purge", "--older-than", "30d", "--batch-size", "1", "--pause", "10m"
+    )  # a batch, then a long pause: Ctrl-C comes during it
+    while InboxMessage.objects.count() == 3:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [
+        "CommandError: interrupted: the batches done so far are committed, the rest is "
+        "untouched; run the command again to go on"
+    ], err
+    assert InboxMessage.objects.count() == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from effects.models import Effect
@@ -241,3 +242,72 @@ def test_ctrl_c_while_waiting_for_a_rerun_is_one_line_and_leaves_the_rerun_going
         "follow it with inbox_stats or the admin"
     ], err
     assert InboxMessage.objects.get(message_id="w-1").status == Status.RECEIVED  # still due
+
+
+def _at_the_prompt(subprocess_env: dict[str, str], *args: str) -> tuple[Any, int]:
+    """``inbox_replay`` with a terminal of its own (a pty: its input, output and errors, as in
+    a shell), stopped at its question."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tests.conftest import MANAGE
+
+    terminal, its_side = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, str(MANAGE), "inbox_replay", *args],
+        env=subprocess_env, stdin=its_side, stdout=its_side, stderr=its_side,
+    )  # fmt: skip
+    os.close(its_side)
+    asked = b""
+    while b"[y/N]" not in asked:
+        chunk = os.read(terminal, 1024)
+        assert chunk, asked
+        asked += chunk
+    return proc, terminal
+
+
+def _the_rest(terminal: int) -> str:
+    """What the command wrote to its terminal after the question, until it ended."""
+    import os
+
+    said = b""
+    while True:
+        try:
+            chunk = os.read(terminal, 1024)
+        except OSError:  # the other side closed: the command ended
+            break
+        if not chunk:
+            break
+        said += chunk
+    return said.decode("utf-8", "replace")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("answer", ["ctrl-d", "ctrl-c"])
+def test_no_answer_at_the_question_replays_nothing_without_a_traceback(
+    subprocess_env: dict[str, str], answer: str
+) -> None:
+    """Ctrl-D (end of input) and Ctrl-C at "Replay them? [y/N]" printed tracebacks."""
+    import os
+
+    (row,) = make_rows(Status.DEAD, 1, prefix="asked")
+    before = snapshot([row.pk])
+    proc, terminal = _at_the_prompt(subprocess_env, "--status", "dead")
+    if answer == "ctrl-d":
+        os.write(terminal, b"\x04")
+    else:
+        proc.send_signal(signal.SIGINT)
+    said = _the_rest(terminal)  # its output and its errors: one terminal
+    proc.wait(timeout=60)
+    os.close(terminal)
+
+    assert "Traceback" not in said, said
+    if answer == "ctrl-d":
+        assert proc.returncode == 0, said
+        assert "cancelled; nothing replayed" in said
+    else:
+        assert proc.returncode == 130, said
+        assert "CommandError: interrupted" in said, said
+    assert snapshot([row.pk]) == before

@@ -20,13 +20,11 @@ from ...services import (
     rerun_left,
     select,
 )
-from ..base import MISCONFIGURED, InboxCommand, moment, require_known_consumers
+from ..base import INTERRUPTED, MISCONFIGURED, InboxCommand, moment, require_known_consumers
 
 SELECTABLE = (*REPLAYABLE, InboxMessage.Status.COMPLETED)
 #: Seconds between two progress lines of --wait.
 REPORT_EVERY = 2.0
-#: Exit code of a --wait that Ctrl-C (SIGINT) stopped following: 128 + SIGINT, as a shell says.
-INTERRUPTED = 130
 
 
 def replayable_status(value: str) -> str:
@@ -260,7 +258,11 @@ class Command(InboxCommand):
             self.stdout.write(f"Selected {total:,} row(s)" + (f" ({by_status})" if total else ""))
         if not total or not options["interactive"] or not _at_a_terminal():
             return True
-        answer = input("Replay them? [y/N] ")
+        try:
+            answer = input("Replay them? [y/N] ")
+        except EOFError:  # Ctrl-D: no answer is no
+            self.stdout.write("")
+            return False
         return answer.strip().lower() in ("y", "yes")
 
 
