@@ -13,8 +13,10 @@ _UNITS = {
     "d": 86400,
     "w": 7 * 86400,
 }
-#: A bound well inside what ``datetime`` arithmetic can hold (and than any sane policy).
-MAX_SECONDS = 1000 * 365 * 86400
+#: A bound well inside what ``datetime`` arithmetic and a wait can hold (``Event.wait`` and
+#: ``time.sleep`` stop at about 292 years: a longer --poll-interval or --pause raised
+#: ``OverflowError`` mid-run), and longer than any sane policy.
+MAX_SECONDS = 200 * 365 * 86400
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 
 

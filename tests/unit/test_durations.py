@@ -107,3 +107,18 @@ def test_to_timedelta_refuses_what_to_seconds_refuses(value: object) -> None:
 def test_to_timedelta_out_of_range_is_a_value_error(value: object) -> None:
     with pytest.raises(ValueError):
         to_timedelta(value)
+
+
+def test_every_duration_taken_can_be_waited_for() -> None:
+    """``--poll-interval 300000d`` passed (1000 years were taken) and the first wait raised
+    ``OverflowError``: every duration the inbox takes is one a process can wait."""
+    import threading
+
+    from django_inbox.durations import MAX_SECONDS
+
+    free = threading.Lock()  # free: acquired at once, once the timeout is found waitable
+    assert free.acquire(timeout=to_seconds(f"{MAX_SECONDS}s"))
+    with pytest.raises(OverflowError):
+        threading.Lock().acquire(timeout=1000 * 365 * 86400.0)  # what was taken before
+    with pytest.raises(ValueError, match="longer than 200 years"):
+        to_seconds("300000d")
