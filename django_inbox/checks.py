@@ -217,11 +217,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                     id="django_inbox.E015",
                 )
             )
-    for name in ("INBOX_MAX_PAYLOAD_BYTES", "INBOX_BATCH_SIZE", "INBOX_PREFETCH"):
+    for name, most in (
+        ("INBOX_MAX_PAYLOAD_BYTES", None),
+        ("INBOX_BATCH_SIZE", 100_000),
+        ("INBOX_PREFETCH", 65_535),  # AMQP's prefetch count: 16 bits
+    ):
         value = _setting(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.append(
                 Error(f"{name} must be a positive integer, got {value!r}.", id="django_inbox.E007")
+            )
+        elif most is not None and value > most:
+            errors.append(
+                Error(f"{name} must be at most {most:,}, got {value!r}.", id="django_inbox.E007")
             )
     depth = _setting("INBOX_MAX_JSON_DEPTH")
     if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_JSON_DEPTH:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from argparse import ArgumentTypeError
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,6 +33,28 @@ def seconds(value: str) -> float:
         raise ArgumentTypeError(str(exc)) from None
 
 
+#: The most rows one batch of a command takes (a transaction, a claim, a query's LIMIT).
+BATCH_MAX = 100_000
+#: AMQP's prefetch count and a TCP port are unsigned 16-bit numbers.
+SHORT_MAX = 65_535
+
+
+def count(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: an integer from ``low`` to ``high`` (a larger one failed deep inside a
+    run: ``bigint out of range`` in a query's LIMIT, a ``struct.error`` in AMQP's prefetch)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or not low <= number <= high:
+            raise ArgumentTypeError(f"{value!r} is not an integer from {low:,} to {high:,}")
+        return number
+
+    return parse
+
+
 def moment(value: str) -> datetime:
     """argparse type: an ISO 8601 time (UTC unless it says otherwise), or a duration ago."""
     parsed = parse_datetime(value)
@@ -52,7 +74,10 @@ def moment(value: str) -> datetime:
 def add_stop_options(parser: CommandParser, what: str) -> None:
     """``--max-messages`` and ``--until-idle``, shared by the long-running commands."""
     parser.add_argument(
-        "--max-messages", type=int, default=None, help=f"Exit after handling this many {what}."
+        "--max-messages",
+        type=count(1, 10**12),
+        default=None,
+        help=f"Exit after handling this many {what}.",
     )
     parser.add_argument(
         "--until-idle",
@@ -162,7 +187,9 @@ def require_known_consumers(names: Iterable[str | None], *, with_handlers: bool 
 
 def add_commit_every_option(parser: CommandParser, help: str) -> None:
     """``--commit-every N``: messages per transaction (the consumer's ``commit_every``)."""
-    parser.add_argument("--commit-every", type=int, default=None, metavar="N", help=help)
+    parser.add_argument(
+        "--commit-every", type=count(1, BATCH_MAX), default=None, metavar="N", help=help
+    )
 
 
 #: How long a broker that was never reached is tried before a command gives up.
@@ -187,7 +214,7 @@ def add_wait_for_broker_option(parser: CommandParser) -> None:
 def add_metrics_option(parser: CommandParser) -> None:
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=count(1, SHORT_MAX),
         default=None,
         metavar="PORT",
         help=(

@@ -373,6 +373,14 @@ def test_e007_prefetch_must_be_positive() -> None:
         assert_check_fails("django_inbox.E007")
 
 
+@pytest.mark.parametrize(
+    ("name", "value"), [("INBOX_PREFETCH", 65_536), ("INBOX_BATCH_SIZE", 100_001)]
+)
+def test_e007_batch_size_and_prefetch_have_a_ceiling(name: str, value: int) -> None:
+    with override_settings(**{name: value}):
+        assert "must be at most" in assert_check_fails("django_inbox.E007")
+
+
 # --- W003: retention shorter than the window in which a duplicate can still arrive ----------
 
 DAY = 86400.0

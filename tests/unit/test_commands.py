@@ -56,3 +56,23 @@ def test_store_then_stats_still_counts_rows() -> None:
     out = StringIO()
     call_command("inbox_stats", "--consumer", "effects", "--json", stdout=out)
     assert '"received": 1' in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("inbox_process", "--batch-size", "9223372036854775808"),
+        ("inbox_process", "--metrics-port", "99999"),
+        ("inbox_process", "--max-messages", "0"),
+        ("inbox_consume", "--consumer", "stream", "--queue", "q", "--prefetch", "70000"),
+        ("inbox_consume", "--consumer", "stream", "--queue", "q", "--commit-every", "100001"),
+        ("inbox_reclaim", "--batch-size", "0"),
+        ("inbox_purge", "--older-than", "1d", "--batch-size", "100001"),
+    ],
+    ids=" ".join,
+)
+def test_numbers_out_of_range_are_refused_as_they_are_parsed(args: tuple[str, ...]) -> None:
+    """A batch size past a bigint failed in a query (DataError), a prefetch past 65,535 in
+    AMQP (struct.error), a port past 65,535 at bind: tracebacks, exit 1."""
+    with pytest.raises(CommandError, match="is not an integer from"):
+        call_command(*args)

@@ -18,11 +18,13 @@ from ...services import (
 )
 from ..base import (
     MISCONFIGURED,
+    SHORT_MAX,
     InboxCommand,
     add_commit_every_option,
     add_metrics_option,
     add_stop_options,
     add_wait_for_broker_option,
+    count,
     require_known_consumers,
     start_metrics,
 )
@@ -63,7 +65,7 @@ class Command(InboxCommand):
         )
         parser.add_argument(
             "--prefetch",
-            type=int,
+            type=count(1, SHORT_MAX),
             default=None,
             help="Unacked messages in flight (INBOX_PREFETCH).",
         )

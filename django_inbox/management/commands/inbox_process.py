@@ -6,11 +6,13 @@ from django.core.management.base import CommandError, CommandParser
 
 from ...services import DatabaseMisconfigured, Worker
 from ..base import (
+    BATCH_MAX,
     MISCONFIGURED,
     InboxCommand,
     add_commit_every_option,
     add_metrics_option,
     add_stop_options,
+    count,
     require_known_consumers,
     seconds,
     start_metrics,
@@ -37,7 +39,7 @@ class Command(InboxCommand):
         )
         parser.add_argument(
             "--batch-size",
-            type=int,
+            type=count(1, BATCH_MAX),
             default=None,
             help="Rows claimed per query (INBOX_BATCH_SIZE).",
         )

@@ -9,7 +9,7 @@ from django.core.management.base import CommandError, CommandParser
 from ...models import InboxMessage
 from ...services import PURGEABLE, PurgeProgress, purge
 from ...wording import counted
-from ..base import MISCONFIGURED, InboxCommand, require_known_consumers, seconds
+from ..base import BATCH_MAX, MISCONFIGURED, InboxCommand, count, require_known_consumers, seconds
 
 #: Seconds between progress lines on a long run.
 PROGRESS_EVERY = 5.0
@@ -66,7 +66,7 @@ class Command(InboxCommand):
         parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")
         parser.add_argument(
             "--batch-size",
-            type=int,
+            type=count(1, BATCH_MAX),
             default=1000,
             help="Rows deleted per transaction (1000). Smaller batches hold locks for less time.",
         )

@@ -6,7 +6,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from ...services import ReclaimResult, reclaim
 from ...wording import counted
-from ..base import MISCONFIGURED, InboxCommand, require_known_consumers, seconds
+from ..base import BATCH_MAX, MISCONFIGURED, InboxCommand, count, require_known_consumers, seconds
 
 
 class Command(InboxCommand):
@@ -31,7 +31,10 @@ class Command(InboxCommand):
             ),
         )
         parser.add_argument(
-            "--batch-size", type=int, default=500, help="Rows per transaction (500)."
+            "--batch-size",
+            type=count(1, BATCH_MAX),
+            default=500,
+            help="Rows per transaction (500).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Print what would be reclaimed; change nothing."

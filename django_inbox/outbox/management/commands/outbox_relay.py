@@ -6,10 +6,12 @@ from django.core.management.base import CommandError, CommandParser
 
 from ....conf import inbox_settings
 from ....management.base import (
+    BATCH_MAX,
     MISCONFIGURED,
     InboxCommand,
     add_stop_options,
     add_wait_for_broker_option,
+    count,
     seconds,
 )
 from ....services import DatabaseMisconfigured
@@ -42,7 +44,10 @@ class Command(InboxCommand):
             "INBOX_BROKER_URL.",
         )
         parser.add_argument(
-            "--batch-size", type=int, default=100, help="Rows claimed and published per batch."
+            "--batch-size",
+            type=count(1, BATCH_MAX),
+            default=100,
+            help="Rows claimed and published per batch.",
         )
         parser.add_argument(
             "--poll-interval",
