@@ -55,6 +55,18 @@ def count(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def text(value: str) -> str:
+    """argparse type: text a query can carry (an argument that is not UTF-8 arrives holding
+    lone surrogates, and failed in the database driver with a traceback)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ArgumentTypeError(f"{value!r} is not UTF-8 text") from None
+    if "\x00" in value:
+        raise ArgumentTypeError(f"{value!r} holds a NUL character")
+    return value
+
+
 def moment(value: str) -> datetime:
     """argparse type: an ISO 8601 time (UTC unless it says otherwise), or a duration ago."""
     parsed = parse_datetime(value)
@@ -241,3 +253,54 @@ def start_metrics(port: int | None) -> None:
         ) from None
     install(gauges=False)
     start_http_server(port)
+
+
+def checked_broker_url(url: str) -> str:
+    """``url`` with its password masked; exit 2 if it names no transport kombu has, cannot be
+    read (a port that is no number, a bracket left open) or needs a package not installed."""
+    from kombu.connection import Connection
+
+    scheme = url.split("://", 1)[0]
+    if "://" not in url:  # kombu would take it for an AMQP host name
+        raise CommandError(
+            "the broker URL has no scheme; use amqp://, redis://, sqs:// or filesystem://",
+            returncode=MISCONFIGURED,
+        )
+    try:
+        connection = Connection(url)  # type: ignore[no-untyped-call]
+        connection.transport_cls  # noqa: B018 (resolving it finds an unknown scheme)
+        masked = str(connection.as_uri())
+        connection.transport  # noqa: B018
+    except KeyError as exc:
+        raise CommandError(
+            f"unknown broker URL scheme {scheme!r} in --broker/INBOX_BROKER_URL ({exc}); use "
+            "amqp://, redis://, sqs:// or filesystem://",
+            returncode=MISCONFIGURED,
+        ) from None
+    except ValueError as exc:
+        raise CommandError(
+            f"the {scheme}:// broker URL in --broker/INBOX_BROKER_URL cannot be read ({exc})",
+            returncode=MISCONFIGURED,
+        ) from None
+    except ImportError as exc:
+        raise CommandError(
+            f"the broker URL needs a package that is not installed ({exc}); for Redis: pip "
+            "install 'django-transactional-inbox[redis]', for SQS: '[sqs]'",
+            returncode=MISCONFIGURED,
+        ) from None
+    return masked
+
+
+def amqp_name(option: str, value: str | None, *, empty: bool = True) -> None:
+    """Exit 2 if ``value`` (a queue, exchange or routing key) is no name a broker takes: over
+    255 bytes of UTF-8 (AMQP's short string), or empty where ``empty`` is false (a broker
+    names an empty queue itself, and a durable one was left behind on every run)."""
+    if value is None or (empty and value == ""):
+        return
+    if not value.strip():
+        raise CommandError(f"{option} is empty.", returncode=MISCONFIGURED)
+    if len(value.encode("utf-8", "surrogateescape")) > 255:
+        raise CommandError(
+            f"{option} is over 255 bytes of UTF-8, AMQP's limit for a name.",
+            returncode=MISCONFIGURED,
+        )

@@ -7,6 +7,7 @@ required selection in ``test_replay.py``; ``deliver()`` to an unknown consumer i
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Callable
 from io import StringIO
@@ -75,4 +76,32 @@ def test_numbers_out_of_range_are_refused_as_they_are_parsed(args: tuple[str, ..
     """A batch size past a bigint failed in a query (DataError), a prefetch past 65,535 in
     AMQP (struct.error), a port past 65,535 at bind: tracebacks, exit 1."""
     with pytest.raises(CommandError, match="is not an integer from"):
+        call_command(*args)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("outbox_relay", "--broker", "amqp://g:g@127.0.0.1:notaport//"), "cannot be read"),
+        (("outbox_relay", "--broker", "amqp://[::1"), "cannot be read"),
+        (("inbox_consume", "--consumer", "stream", "--queue", "q",
+          "--broker", "amqp://g:g@127.0.0.1:notaport//"), "cannot be read"),  # not "scheme"
+        (("inbox_consume", "--consumer", "stream", "--queue", "", "--broker", "memory://"),
+         "--queue is empty"),  # a broker names it: a durable queue was left on every run
+        (("inbox_consume", "--consumer", "stream", "--queue", "q" * 256, "--broker", "memory://"),
+         "--queue is over 255 bytes"),
+        (("inbox_consume", "--consumer", "stream", "--queue", "q", "--exchange", "é" * 128,
+          "--broker", "memory://"), "--exchange is over 255 bytes"),
+        (("inbox_show", "\udcff"), "is not UTF-8 text"),
+        (("inbox_replay", "--message-id", "\udcff"), "is not UTF-8 text"),
+        (("inbox_replay", "--key", "a\x00b"), "holds a NUL character"),
+    ],
+)  # fmt: skip
+@pytest.mark.django_db
+def test_arguments_no_broker_or_query_can_take_are_refused_at_once(
+    args: tuple[str, ...], says: str
+) -> None:
+    """Each ended in a traceback (a ValueError of the URL parser, a struct.error of AMQP, a
+    UnicodeEncodeError of the driver), or left a queue behind."""
+    with pytest.raises(CommandError, match=re.escape(says)):
         call_command(*args)

@@ -5,7 +5,6 @@ from argparse import BooleanOptionalAction
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from kombu.connection import Connection
 
 from ...conf import inbox_settings
 from ...services import (
@@ -24,6 +23,8 @@ from ..base import (
     add_metrics_option,
     add_stop_options,
     add_wait_for_broker_option,
+    amqp_name,
+    checked_broker_url,
     count,
     require_known_consumers,
     start_metrics,
@@ -114,12 +115,9 @@ class Command(InboxCommand):
             raise CommandError(
                 "No broker: pass --broker URL or set INBOX_BROKER_URL.", returncode=MISCONFIGURED
             )
-        masked = _check_broker_url(broker)
-        for name in ("prefetch", "max_messages", "commit_every"):
-            if options[name] is not None and options[name] < 1:
-                raise CommandError(
-                    f"--{name.replace('_', '-')} must be at least 1.", returncode=MISCONFIGURED
-                )
+        masked = checked_broker_url(broker)
+        for option in ("queue", "exchange", "routing_key"):
+            amqp_name(f"--{option.replace('_', '-')}", options[option], empty=option != "queue")
         verbosity = options["verbosity"]
         worker = BrokerConsumer(
             consumer=consumer,
@@ -155,33 +153,6 @@ class Command(InboxCommand):
     def _print_message(self, message_id: str | None, outcome: str, seconds: float) -> None:
         self.stdout.write(f"{message_id or '(no id)'} {outcome} in {seconds * 1000:.1f} ms")
         sys.stdout.flush()
-
-
-def _check_broker_url(url: str) -> str:
-    """The URL with its password masked; exit 2 if kombu has no transport for its scheme."""
-    if "://" not in url:  # kombu would take it for an AMQP host name
-        raise CommandError(
-            "the broker URL has no scheme; use amqp://, redis://, sqs:// or filesystem://",
-            returncode=MISCONFIGURED,
-        )
-    try:
-        connection = Connection(url)
-        connection.transport_cls  # noqa: B018 (resolving it finds an unknown scheme)
-        connection.transport  # noqa: B018
-    except (KeyError, ValueError) as exc:
-        scheme = url.split("://", 1)[0] if "://" in url else url
-        raise CommandError(
-            f"unknown broker URL scheme {scheme!r} in --broker/INBOX_BROKER_URL ({exc}); use "
-            "amqp://, redis://, sqs:// or filesystem://",
-            returncode=MISCONFIGURED,
-        ) from None
-    except ImportError as exc:
-        raise CommandError(
-            f"the broker URL needs a package that is not installed ({exc}); for Redis: pip "
-            "install 'django-transactional-inbox[redis]', for SQS: '[sqs]'",
-            returncode=MISCONFIGURED,
-        ) from None
-    return str(connection.as_uri())
 
 
 def start_line(worker: BrokerConsumer, masked_url: str) -> str:

@@ -20,7 +20,14 @@ from ...services import (
     rerun_left,
     select,
 )
-from ..base import INTERRUPTED, MISCONFIGURED, InboxCommand, moment, require_known_consumers
+from ..base import (
+    INTERRUPTED,
+    MISCONFIGURED,
+    InboxCommand,
+    moment,
+    require_known_consumers,
+    text,
+)
 
 SELECTABLE = (*REPLAYABLE, InboxMessage.Status.COMPLETED)
 #: Seconds between two progress lines of --wait.
@@ -54,6 +61,7 @@ class Command(InboxCommand):
         )
         parser.add_argument(
             "--message-id",
+            type=text,
             action="append",
             dest="message_ids",
             default=[],
@@ -62,6 +70,7 @@ class Command(InboxCommand):
         parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")
         parser.add_argument(
             "--key",
+            type=text,
             action="append",
             dest="keys",
             default=[],
@@ -69,6 +78,7 @@ class Command(InboxCommand):
         )
         parser.add_argument(
             "--event-type",
+            type=text,
             action="append",
             dest="event_types",
             default=[],

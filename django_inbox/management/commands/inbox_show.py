@@ -8,7 +8,7 @@ from django.core.management.base import CommandError, CommandParser
 from ...models import InboxMessage
 from ...services import find, shown_json
 from ...wording import counted
-from ..base import MISCONFIGURED, InboxCommand, require_known_consumers
+from ..base import MISCONFIGURED, InboxCommand, require_known_consumers, text
 
 #: Exit code when no message matched.
 NOT_FOUND = 1
@@ -22,7 +22,9 @@ class Command(InboxCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("message_ids", nargs="*", metavar="MESSAGE_ID", help="Message id.")
+        parser.add_argument(
+            "message_ids", nargs="*", type=text, metavar="MESSAGE_ID", help="Message id."
+        )
         parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")
         parser.add_argument(
             "--id", type=int, action="append", dest="pks", default=[], help="Row id; repeatable."

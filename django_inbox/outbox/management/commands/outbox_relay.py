@@ -11,6 +11,7 @@ from ....management.base import (
     InboxCommand,
     add_stop_options,
     add_wait_for_broker_option,
+    checked_broker_url,
     count,
     seconds,
 )
@@ -89,6 +90,7 @@ class Command(InboxCommand):
                 "is not an AMQP URL.",
                 returncode=MISCONFIGURED,
             )
+        checked_broker_url(broker)
         if services.migrated() is False:
             raise CommandError(
                 f"the outbox's table {services.TABLE!r} does not exist in database "
