@@ -204,25 +204,6 @@ def add_commit_every_option(parser: CommandParser, help: str) -> None:
     )
 
 
-#: How long a broker that was never reached is tried before a command gives up.
-WAIT_FOR_BROKER = 30.0
-
-
-def add_wait_for_broker_option(parser: CommandParser) -> None:
-    """``--wait-for-broker DURATION`` of ``inbox_consume`` and ``outbox_relay``."""
-    parser.add_argument(
-        "--wait-for-broker",
-        type=seconds,
-        default=WAIT_FOR_BROKER,
-        metavar="DURATION",
-        help=(
-            "Give up with exit 2 if the broker cannot be reached within this long of "
-            f"starting (default {WAIT_FOR_BROKER:.0f}s); 0 waits for ever. A broker lost "
-            "after it was reached is always waited for."
-        ),
-    )
-
-
 def add_metrics_option(parser: CommandParser) -> None:
     parser.add_argument(
         "--metrics-port",
@@ -253,54 +234,3 @@ def start_metrics(port: int | None) -> None:
         ) from None
     install(gauges=False)
     start_http_server(port)
-
-
-def checked_broker_url(url: str) -> str:
-    """``url`` with its password masked; exit 2 if it names no transport kombu has, cannot be
-    read (a port that is no number, a bracket left open) or needs a package not installed."""
-    from kombu.connection import Connection
-
-    scheme = url.split("://", 1)[0]
-    if "://" not in url:  # kombu would take it for an AMQP host name
-        raise CommandError(
-            "the broker URL has no scheme; use amqp://, redis://, sqs:// or filesystem://",
-            returncode=MISCONFIGURED,
-        )
-    try:
-        connection = Connection(url)  # type: ignore[no-untyped-call]
-        connection.transport_cls  # noqa: B018 (resolving it finds an unknown scheme)
-        masked = str(connection.as_uri())
-        connection.transport  # noqa: B018
-    except KeyError as exc:
-        raise CommandError(
-            f"unknown broker URL scheme {scheme!r} in --broker/INBOX_BROKER_URL ({exc}); use "
-            "amqp://, redis://, sqs:// or filesystem://",
-            returncode=MISCONFIGURED,
-        ) from None
-    except ValueError as exc:
-        raise CommandError(
-            f"the {scheme}:// broker URL in --broker/INBOX_BROKER_URL cannot be read ({exc})",
-            returncode=MISCONFIGURED,
-        ) from None
-    except ImportError as exc:
-        raise CommandError(
-            f"the broker URL needs a package that is not installed ({exc}); for Redis: pip "
-            "install 'django-transactional-inbox[redis]', for SQS: '[sqs]'",
-            returncode=MISCONFIGURED,
-        ) from None
-    return masked
-
-
-def amqp_name(option: str, value: str | None, *, empty: bool = True) -> None:
-    """Exit 2 if ``value`` (a queue, exchange or routing key) is no name a broker takes: over
-    255 bytes of UTF-8 (AMQP's short string), or empty where ``empty`` is false (a broker
-    names an empty queue itself, and a durable one was left behind on every run)."""
-    if value is None or (empty and value == ""):
-        return
-    if not value.strip():
-        raise CommandError(f"{option} is empty.", returncode=MISCONFIGURED)
-    if len(value.encode("utf-8", "surrogateescape")) > 255:
-        raise CommandError(
-            f"{option} is over 255 bytes of UTF-8, AMQP's limit for a name.",
-            returncode=MISCONFIGURED,
-        )

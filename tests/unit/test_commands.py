@@ -95,6 +95,15 @@ def test_numbers_out_of_range_are_refused_as_they_are_parsed(args: tuple[str, ..
         (("inbox_show", "\udcff"), "is not UTF-8 text"),
         (("inbox_replay", "--message-id", "\udcff"), "is not UTF-8 text"),
         (("inbox_replay", "--key", "a\x00b"), "holds a NUL character"),
+        (("inbox_replay", "--all", "--wait"), "--wait follows a re-run"),
+        (("inbox_replay", "--since", "1h", "--until", "2h"), "--since is not before --until"),
+        (("inbox_consume", "--consumer", "stream", "--queue", "q", "--ack", "after-store",
+          "--commit-every", "5", "--broker", "memory://"), "goes with --ack after-process"),
+        (("inbox_consume", "--consumer", "stream", "--queue", "q", "--broker", ""),
+         "--broker is empty"),
+        (("outbox_relay", "--broker", " "), "--broker is empty"),
+        (("inbox_purge", "--outbox", "--older-than", "1d", "--pause", "5s"),
+         "it takes --older-than and --batch-size"),
     ],
 )  # fmt: skip
 @pytest.mark.django_db

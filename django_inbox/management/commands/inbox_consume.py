@@ -22,13 +22,11 @@ from ..base import (
     add_commit_every_option,
     add_metrics_option,
     add_stop_options,
-    add_wait_for_broker_option,
-    amqp_name,
-    checked_broker_url,
     count,
     require_known_consumers,
     start_metrics,
 )
+from ..broker_options import add_wait_for_broker_option, amqp_name, checked_broker_url
 
 
 class Command(InboxCommand):
@@ -110,12 +108,19 @@ class Command(InboxCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         consumer: str = options["consumer"]
         require_known_consumers([consumer], with_handlers=True)
+        if options["broker"] is not None and not options["broker"].strip():
+            raise CommandError("--broker is empty.", returncode=MISCONFIGURED)
         broker = options["broker"] or inbox_settings.broker_url
         if not broker:
             raise CommandError(
                 "No broker: pass --broker URL or set INBOX_BROKER_URL.", returncode=MISCONFIGURED
             )
         masked = checked_broker_url(broker)
+        if options["commit_every"] is not None and options["ack"] == "after-store":
+            raise CommandError(
+                "--commit-every groups handlers' transactions: it goes with --ack after-process.",
+                returncode=MISCONFIGURED,
+            )
         for option in ("queue", "exchange", "routing_key"):
             amqp_name(f"--{option.replace('_', '-')}", options[option], empty=option != "queue")
         verbosity = options["verbosity"]

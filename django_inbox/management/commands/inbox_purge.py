@@ -134,7 +134,7 @@ class Command(InboxCommand):
             raise CommandError(
                 "--outbox: django_inbox.outbox is not in INSTALLED_APPS.", returncode=MISCONFIGURED
             )
-        if options["statuses"] or options["consumer"] or options["dry_run"]:
+        if options["statuses"] or options["consumer"] or options["dry_run"] or options["pause"]:
             raise CommandError(
                 "--outbox deletes sent rows only; it takes --older-than and --batch-size.",
                 returncode=MISCONFIGURED,

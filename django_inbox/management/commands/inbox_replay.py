@@ -147,6 +147,14 @@ class Command(InboxCommand):
                 "--force re-runs completed messages; say why with --reason.",
                 returncode=MISCONFIGURED,
             )
+        if options["wait"] and not options["force"]:
+            raise CommandError(
+                "--wait follows a re-run: it goes with --force.", returncode=MISCONFIGURED
+            )
+        if options["since"] and options["until"] and options["since"] >= options["until"]:
+            raise CommandError(
+                "--since is not before --until: the window holds no row.", returncode=MISCONFIGURED
+            )
         criteria = (
             "pks", "message_ids", "consumer", "event_types", "statuses", "since", "until", "keys",
         )  # fmt: skip

@@ -10,11 +10,10 @@ from ....management.base import (
     MISCONFIGURED,
     InboxCommand,
     add_stop_options,
-    add_wait_for_broker_option,
-    checked_broker_url,
     count,
     seconds,
 )
+from ....management.broker_options import add_wait_for_broker_option, checked_broker_url
 from ....services import DatabaseMisconfigured
 from ....wording import counted
 from ... import services
@@ -72,6 +71,8 @@ class Command(InboxCommand):
         add_stop_options(parser, "published messages")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["broker"] is not None and not options["broker"].strip():
+            raise CommandError("--broker is empty.", returncode=MISCONFIGURED)
         broker = options["broker"] or inbox_settings.broker_url
         if not broker:
             raise CommandError(
