@@ -256,9 +256,16 @@ def test_json_fields_round_trip() -> None:
         event_type="order.placed",
         payload=payload,
         headers={"ce-id": "1"},
-        history=[{"kind": "error", "attempt": 1}],
+        history=[
+            {"kind": "error", "attempt": 1, "at": "2026-01-01T00:00:00+00:00"},
+            {"kind": "error", "attempt": 2},
+        ],
     )
     row.refresh_from_db()
     assert row.payload == payload
     assert row.headers == {"ce-id": "1"}
-    assert row.errors == [{"kind": "error", "attempt": 1}]
+    # a whole entry comes back as it was; one without a time reads with a blank one
+    assert row.errors == [
+        {"kind": "error", "attempt": 1, "at": "2026-01-01T00:00:00+00:00"},
+        {"kind": "error", "attempt": 2, "at": ""},
+    ]

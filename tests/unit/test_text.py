@@ -17,6 +17,7 @@ from effects.models import Effect
 from django_inbox import InvalidMessage, Outcome, deliver, store, store_dead
 from django_inbox.exceptions import UnknownConsumer
 from django_inbox.models import InboxMessage
+from django_inbox.storing import KEY_LOST
 from django_inbox.text import storable, storable_json
 from django_inbox.worker import Worker
 from tests.conftest import handler
@@ -157,7 +158,10 @@ def test_store_dead_cleans_fields_it_cannot_store() -> None:
     row = InboxMessage.objects.get()
     assert row.status == Status.DEAD
     assert row.event_type.startswith("type\\x00t") and len(row.event_type) == 255
-    assert (row.source, row.key) == ("src\\ud800", "k\\x00")
+    # a key that cannot be stored as it is is blanked, never cleaned: "k\x00" and "k" must not
+    # become one ordered key; the error type says the key was lost
+    assert (row.source, row.key) == ("src\\ud800", "")
+    assert row.errors[-1]["type"] == KEY_LOST
     assert "reason\\x00" in row.last_error
     assert "payload" in row.payload.get("refused", "")
     assert row.headers.get("h\\x00") == "v\\x00" or "refused" in row.headers
