@@ -20,6 +20,7 @@ from .exceptions import (
 )
 from .outcomes import Outcome
 from .registry import inbox_handler
+from .side_effect_threads import CarryRunExecutor, carry_run
 from .side_effects import side_effect
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "CarryRunExecutor",
     "HandlerAlreadyRegistered",
     "InvalidField",
     "InvalidMessage",
@@ -42,6 +44,7 @@ __all__ = [
     "TransactionAborted",
     "UnknownConsumer",
     "UnknownEventType",
+    "carry_run",
     "deliver",
     "inbox_handler",
     "side_effect",

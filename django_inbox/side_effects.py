@@ -16,14 +16,22 @@ message re-runs, a call does not run and returns ``None``, and leaves a trace:
 
 Outside re-runs, outside handlers, and for consumers with ``"run"`` (the default), a decorated
 function runs as if undecorated. The re-run is found through a :mod:`contextvars` variable,
-so it reaches functions the handler calls, however deep, and coroutines it awaits; work handed
-to other threads (a thread pool) does not carry it unless the context is copied.
+so it reaches functions the handler calls, however deep, and coroutines it awaits. Threads do
+not inherit it: work handed to another thread (a ``threading.Thread``, a thread pool) carries
+the re-run only when wrapped with :func:`~django_inbox.side_effect_threads.carry_run` (or
+submitted to a :class:`~django_inbox.side_effect_threads.CarryRunExecutor`).
+
+Calls from such threads count with the attempt while it runs. A call made after the attempt
+ended (a thread the handler did not wait for) is still suppressed and logged, but it is in no
+history entry, signal or counter: the attempt's outcome is written by then, and the row may
+have moved on.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -49,11 +57,38 @@ known: set[str] = set()
 
 @dataclass
 class Suppressing:
-    """A re-run in progress whose consumer suppresses side effects: what it suppressed."""
+    """A re-run in progress whose consumer suppresses side effects: what it suppressed.
+
+    Threads that carry the re-run's context share it: :meth:`count` and :meth:`close` hold
+    its lock, so a call either makes it into ``functions`` before the attempt's entries are
+    written, or is a late one (``count`` gives ``False``).
+    """
 
     message: InboxMessage
     using: str
     functions: list[str] = field(default_factory=list)
+    #: Whether calls still count with the attempt (``False`` once its entries are written).
+    open: bool = True
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, function: str) -> bool:
+        """Count a suppressed call of ``function`` with the attempt; ``False`` if too late."""
+        with self.lock:
+            if self.open:
+                self.functions.append(function)
+            return self.open
+
+    def close(self) -> int:
+        """Stop counting calls; how many were counted (``functions`` no longer changes)."""
+        with self.lock:
+            self.open = False
+            return len(self.functions)
+
+    def reopen(self) -> int:
+        """Count calls again (an on-commit callback of the attempt runs); how many so far."""
+        with self.lock:
+            self.open = True
+            return len(self.functions)
 
 
 _rerun: ContextVar[Suppressing | None] = ContextVar("django_inbox_rerun", default=None)
@@ -134,15 +169,15 @@ def suppressed(function: str) -> bool:
     state = _rerun.get()
     if state is None:
         return False
-    state.functions.append(function)
-    message = state.message
+    detail = f"side effect {function} not run: re-run of a completed message"
+    if not state.count(function):
+        # A thread that carried the re-run outlived its attempt: the attempt's entries are
+        # written, and the row may be in another attempt now. Skipped and logged, no more.
+        detail += " (called after the attempt ended: not in the row's history)"
     # Logged now; the signal is sent when the handler returns (this may be a coroutine on an
     # event loop, where Django refuses database work, and the signal waits for the commit).
     events.event(
-        "suppressed",
-        **events.about(message, state.using),
-        detail=f"side effect {function} not run: re-run of a completed message",
-        send_signal=False,
+        "suppressed", **events.about(state.message, state.using), detail=detail, send_signal=False
     )
     return True
 
@@ -180,6 +215,7 @@ def handler_context(message: InboxMessage, using: str) -> Iterator[Suppressing |
         _rerun.reset(rerun)
         running_message.reset(running)
         if state is not None:
+            state.close()
             if pending is not None:
                 _keep_suppressing(state, pending)
             _record(state)
@@ -210,12 +246,12 @@ def _keep_suppressing(state: Suppressing, before: int) -> None:
 def _after_commit(state: Suppressing, callback: Any) -> Any:
     def run() -> None:
         token = _rerun.set(state)
-        done = len(state.functions)
+        done = state.reopen()
         try:
             callback()
         finally:
             _rerun.reset(token)
-            if len(state.functions) > done:  # written now: the attempt has committed
+            if state.close() > done:  # written now: the attempt has committed
                 from .models import InboxMessage
 
                 _record(state, start=done)
