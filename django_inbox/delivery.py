@@ -19,7 +19,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import events, history, interruptions, ordering
+from . import events, history, interruptions, ordering, waits
 from .attempts import (
     failure,
     failure_outcome,
@@ -184,20 +184,22 @@ def _deliver_ordered(row: NewRow, handler: Handler, using: str) -> Outcome:
     started = time.perf_counter()
     try:
         with committing(using, lambda: [pk] if pk is not None and message is not None else []):
-            applied = ordering.lock(row.consumer, row.key, using, wait=True)
-            verdict = ordering.decide(row.sequence, applied)
-            assert applied is not None and verdict is not ordering.Verdict.BUSY
+            state = ordering.lock(row.consumer, row.key, using, wait=True)
+            verdict = ordering.decide(row.sequence, state, rerun=False)
+            assert state is not None and verdict is not ordering.Verdict.BUSY
             if verdict is ordering.Verdict.RUN:
                 row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
             elif verdict is ordering.Verdict.SKIP:
                 assert row.sequence is not None
                 row.status, row.processed_at = Status.SKIPPED, now
-                row.last_error = ordering.stale_reason(row.key, row.sequence, applied)
+                row.last_error = ordering.stale_reason(row.key, row.sequence, state)
             else:
                 assert row.sequence is not None
                 row.status = Status.WAITING
-                row.next_attempt_at = ordering.gap_deadline(row.consumer, now)
-                row.last_error = ordering.waiting_reason(row.key, row.sequence, applied)
+                row.next_attempt_at = waits.deadline(
+                    row.consumer, row.key, row.sequence, now, using
+                )
+                row.last_error = ordering.waiting_reason(row.key, row.sequence, state)
             pk, status = insert_or_status(row, now, using)
             if pk is not None and verdict is ordering.Verdict.RUN:
                 message = materialise(row, pk, using)

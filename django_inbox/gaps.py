@@ -8,22 +8,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Min, QuerySet
+from django.db.models import Exists, F, Min, OuterRef, QuerySet
 from django.utils import timezone
 
 from . import events, history
 from .conf import inbox_settings
 from .db.aside import with_status
 from .models import InboxKey, InboxMessage
-from .ordering import (
-    Verdict,
-    decide,
-    gap_deadline,
-    lock,
-    release_next,
-    skip_requested,
-    stale_reason,
-)
+from .ordering import Verdict, decide, lock, release_next, skip_entry, skipped_reason, stale_reason
+from .waits import RUNNABLE, predecessor_exists
 
 Status = InboxMessage.Status
 
@@ -32,22 +25,6 @@ GAP_PREFIX = "gap: "
 #: Waiting rows looked at per sweep.
 SWEEP_BATCH = 500
 
-#: Statuses of a version that can still run (a predecessor worth waiting for).
-RUNNABLE = (
-    Status.RECEIVED, Status.IN_PROGRESS, Status.FAILED, Status.DEAD, Status.PARKED,
-    Status.WAITING,
-)  # fmt: skip
-
-
-def predecessor_exists(consumer: str, key: str, sequence: int, using: str) -> bool:
-    """Whether a version ``sequence`` of ``key`` exists that can still run (a completed or
-    skipped one can't: the key would have applied it)."""
-    return (
-        InboxMessage.objects.using(using)
-        .filter(consumer=consumer, key=key, sequence=sequence, status__in=RUNNABLE)
-        .exists()
-    )
-
 
 def jump_gap(pk: int, consumer: str, key: str, sequence: int, using: str) -> int | None:
     """An operator replayed a version parked for a gap: move the key's applied sequence up to
@@ -55,9 +32,10 @@ def jump_gap(pk: int, consumer: str, key: str, sequence: int, using: str) -> int
     that did arrive is passed over), and record it in the row's history. Returns the new
     applied sequence, or ``None`` if nothing was passed over (its own transaction)."""
     with transaction.atomic(using=using):
-        applied = lock(consumer, key, using, wait=True)
-        if applied is None or sequence <= applied + 1:
+        state = lock(consumer, key, using, wait=True)
+        if state is None or sequence <= state.applied + 1:
             return None
+        applied = state.applied
         lowest = (
             InboxMessage.objects.using(using)
             .filter(
@@ -99,8 +77,10 @@ HOLE_LOOK = 1.0
 
 
 def _versions_between(found: InboxMessage, missing: int, using: str) -> bool:
-    """Whether any row (in any status) holds a sequence of ``found``'s key from ``missing`` up
-    to just below ``found``."""
+    """Whether a version of ``found``'s key that can still run holds a sequence from
+    ``missing`` up to just below ``found`` (a re-run goes on past the others: completed rows
+    are not between, stale copies skipped as such never ran, the re-run planner passes them
+    too)."""
     assert found.sequence is not None
     return (
         InboxMessage.objects.using(using)
@@ -109,29 +89,10 @@ def _versions_between(found: InboxMessage, missing: int, using: str) -> bool:
             key=found.key,
             sequence__gte=missing,
             sequence__lt=found.sequence,
+            status__in=RUNNABLE,
         )
         .exists()
     )
-
-
-def after_hole(consumer: str, key: str, sequence: int, using: str) -> bool:
-    """Whether no row holds the sequence just below ``sequence`` of ``key``."""
-    return not (
-        InboxMessage.objects.using(using)
-        .filter(consumer=consumer, key=key, sequence=sequence - 1)
-        .exists()
-    )
-
-
-def _next_look(found: InboxMessage, now: datetime, using: str) -> datetime:
-    sequence = found.sequence
-    if (
-        found.rerun
-        and sequence is not None
-        and after_hole(found.consumer, found.key, sequence, using)
-    ):
-        return now + timedelta(seconds=HOLE_LOOK)
-    return gap_deadline(found.consumer, now)
 
 
 def _rerun_past(found: InboxMessage, applied: int, now: datetime, using: str) -> None:
@@ -161,17 +122,62 @@ def _rerun_past(found: InboxMessage, applied: int, now: datetime, using: str) ->
 def park_expired_gaps(using: str | None = None, *, consumer: str | None = None) -> int:
     """Look at ``waiting`` rows past their gap deadline: park those whose missing sequence
     never arrived (``last_error`` names the key and the sequence), release those whose
-    predecessor has been applied meanwhile, and give more time to those held back by a
-    predecessor that exists (failing, dead or parked: an operator resolves it). Returns how
-    many rows were parked. Called by ``inbox_process`` and ``inbox_reclaim``."""
+    predecessor has been applied meanwhile, and stop looking at those behind a predecessor
+    that exists (it releases them, or an operator resolves it). A changed ``gap_timeout``
+    applies to rows already waiting (:func:`apply_gap_timeout`). Returns how many rows were
+    parked. Called by ``inbox_process`` and ``inbox_reclaim``."""
     using = using or inbox_settings.database
     now = timezone.now()
+    if consumer is not None:
+        apply_gap_timeout(consumer, now, using)
     rows = expired_waiting(using, consumer=consumer, now=now)
     due = list(rows.order_by("next_attempt_at").values_list("pk", flat=True)[:SWEEP_BATCH])
     parked = 0
     for pk in due:
         parked += _look_at_waiting(pk, now, using)
     return parked
+
+
+def apply_gap_timeout(consumer: str, now: datetime, using: str) -> int:
+    """Bring forward the gap deadlines of ``consumer``'s waiting rows set under a longer
+    ``gap_timeout`` than today's (a longer one is applied when a row's deadline comes, by
+    :func:`_look_at_waiting`). One probe of the waiting rows' index; returns the rows moved."""
+    timeout = timedelta(seconds=inbox_settings.policy(consumer).gap_timeout)
+    return (
+        InboxMessage.objects.using(using)
+        .filter(status=Status.WAITING, consumer=consumer, next_attempt_at__gt=now + timeout)
+        .update(next_attempt_at=F("updated_at") + timeout)
+    )
+
+
+def rearm_orphans(using: str | None = None, *, consumer: str | None = None) -> int:
+    """Give a gap deadline (due now) to ``waiting`` rows that wait behind a predecessor no
+    longer there to release them (deleted by ``inbox_purge``, or by hand): the sweep then
+    decides them. Called by ``inbox_purge`` after deleting dead rows and by ``inbox_reclaim``;
+    reads every waiting row without a deadline, once."""
+    using = using or inbox_settings.database
+    predecessor = InboxMessage.objects.using(using).filter(
+        consumer=OuterRef("consumer"),
+        key=OuterRef("key"),
+        sequence=OuterRef("sequence") - 1,
+        status__in=RUNNABLE,
+    )
+    rows = InboxMessage.objects.using(using).filter(
+        status=Status.WAITING, next_attempt_at__isnull=True
+    )
+    if consumer is not None:
+        rows = rows.filter(consumer=consumer)
+    orphans = list(rows.filter(~Exists(predecessor)).values_list("pk", flat=True))
+    now = timezone.now()
+    moved = 0
+    for start in range(0, len(orphans), SWEEP_BATCH):
+        batch = orphans[start : start + SWEEP_BATCH]
+        moved += (
+            InboxMessage.objects.using(using)
+            .filter(pk__in=batch, status=Status.WAITING, next_attempt_at__isnull=True)
+            .update(next_attempt_at=now, updated_at=now)
+        )
+    return moved
 
 
 def expired_waiting(
@@ -189,11 +195,11 @@ def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
         found = with_status(InboxMessage.objects.using(using).filter(pk=pk), Status.WAITING).first()
         if found is None or found.sequence is None:
             return 0
-        applied = lock(found.consumer, found.key, using, wait=False)
-        if applied is None:
+        state = lock(found.consumer, found.key, using, wait=False)
+        if state is None:
             return 0  # busy: whoever holds the key decides; the next sweep looks again
         rows = with_status(InboxMessage.objects.using(using).filter(pk=pk), Status.WAITING)
-        verdict = decide(found.sequence, applied)
+        verdict = decide(found.sequence, state, rerun=found.rerun)
         if verdict is Verdict.RUN:
             rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now)
             return 0
@@ -203,28 +209,40 @@ def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
                 next_attempt_at=None,
                 updated_at=now,
                 processed_at=now,
-                last_error=stale_reason(found.key, found.sequence, applied),
+                last_error=stale_reason(found.key, found.sequence, state, rerun=found.rerun),
             )
             return 0
-        missing = applied + 1
+        if predecessor_exists(found.consumer, found.key, found.sequence - 1, using):
+            # Behind a version that can still run: it releases this one when its key applies
+            # it (or an operator resolves it). No deadline: the sweep never looks again.
+            rows.update(next_attempt_at=None, updated_at=now)
+            return 0
+        base = state.through if state.rebuilding and not found.rerun else state.applied
+        assert base is not None
+        missing = base + 1
         if found.rerun:
             # A re-run is never parked for a gap: every sequence below it was passed once.
-            # Versions between still to run again come first; sequences no row holds (they
-            # never arrived, or were purged since) it goes on past, as the first run did.
+            # Versions between still to run again come first; sequences no version that can
+            # run holds (they never arrived, were purged, or were stale) it goes on past, as
+            # the first run did.
             if _versions_between(found, missing, using):
-                rows.update(next_attempt_at=_next_look(found, now, using), updated_at=now)
+                rows.update(next_attempt_at=now + timedelta(seconds=HOLE_LOOK), updated_at=now)
             else:
-                _rerun_past(found, applied, now, using)
-            return 0
-        if skip_requested(found) or predecessor_exists(found.consumer, found.key, missing, using):
-            rows.update(next_attempt_at=gap_deadline(found.consumer, now), updated_at=now)
+                _rerun_past(found, state.applied, now, using)
             return 0
         timeout = inbox_settings.policy(found.consumer).gap_timeout
+        waited_since = found.updated_at
+        if waited_since + timedelta(seconds=timeout) > now:  # gap_timeout was made longer
+            rows.update(next_attempt_at=waited_since + timedelta(seconds=timeout))
+            return 0
         reason = (
-            f"{GAP_PREFIX}key {found.key!r} is missing sequence {missing} (applied: {applied}; "
+            f"{GAP_PREFIX}key {found.key!r} is missing sequence {missing} (applied: {base}; "
             f"this is {found.sequence}); it did not arrive within {timeout:g}s. Replay this "
             "message to run it past the gap, or deliver the missing one and replay"
         )
+        if found.skip_requested:
+            reason += f" (an operator skipped it: {skipped_reason(skip_entry(found))}; it is "
+            reason += "skipped, not run, once the gap is passed)"
         entry = {"kind": "gap", "at": now.isoformat(), "message": reason, "missing": missing}
         parked = rows.update(
             status=Status.PARKED,

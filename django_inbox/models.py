@@ -125,6 +125,13 @@ class InboxMessage(models.Model):
             "re-run (message.is_rerun), and @side_effect calls follow the consumer's policy."
         ),
     )
+    skip_requested = models.BooleanField(
+        default=False,
+        help_text=_(
+            "An operator skipped this version of an ordered consumer: it never runs, and is "
+            "skipped (counting as applied) when its key reaches it."
+        ),
+    )
 
     objects = InboxMessageQuerySet.as_manager()
 
@@ -233,6 +240,14 @@ class InboxKey(models.Model):
     key = models.CharField(max_length=255)
     applied_sequence = models.BigIntegerField(
         help_text=_("The highest sequence of this key whose message completed (or was skipped).")
+    )
+    rerun_through = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "The applied sequence a re-run rewound: until the key is back there, a new copy of "
+            "a version up to it is stale, and later versions wait for the re-run."
+        ),
     )
     updated_at = models.DateTimeField(default=timezone.now)
 

@@ -32,10 +32,11 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import events, leases
+from . import events, leases, waits
 from .conf import inbox_settings
 from .db import statements
 from .db.aside import with_status
+from .db.statements import KeyState
 from .exceptions import LeaseLost
 from .models import InboxKey, InboxMessage
 from .outcomes import Outcome
@@ -57,36 +58,37 @@ def applies(consumer: str, key: str) -> bool:
     return bool(key) and inbox_settings.ordered(consumer)
 
 
-def lock(consumer: str, key: str, using: str, *, wait: bool = True) -> int | None:
-    """Lock ``key``'s row for the caller's transaction and return its applied sequence
-    (``first_sequence - 1`` for a new key); ``None`` if another transaction holds it and
-    ``wait`` is false."""
+def lock(consumer: str, key: str, using: str, *, wait: bool = True) -> KeyState | None:
+    """Lock ``key``'s row for the caller's transaction and return its state (``first_sequence
+    - 1`` applied for a new key); ``None`` if another transaction holds it and ``wait`` is
+    false."""
     connection = connections[using]
     first = inbox_settings.policy(consumer).first_sequence
     if connection.vendor == "postgresql":
         return statements.lock_key(consumer, key, first, using, wait=wait)
     rows = InboxKey.objects.using(using).filter(consumer=consumer, key=key)
+    columns = ("applied_sequence", "rerun_through")
     if connection.features.has_select_for_update:
         if connection.features.has_select_for_update_skip_locked and not wait:
             rows = rows.select_for_update(skip_locked=True)
         else:
             rows = rows.select_for_update()
-        found = list(rows.values_list("applied_sequence", flat=True))
+        found = list(rows.values_list(*columns))
         if found:
-            return int(found[0])
+            return KeyState(*found[0])
     # A new key (or, on SQLite, any key: the insert takes the database's write lock before
     # the read, so two processes cannot both read the same applied sequence).
     InboxKey.objects.using(using).bulk_create(
         [InboxKey(consumer=consumer, key=key, applied_sequence=first - 1)],
         ignore_conflicts=True,
     )
-    found = list(rows.values_list("applied_sequence", flat=True))
-    return int(found[0]) if found else None
+    found = list(rows.values_list(*columns))
+    return KeyState(*found[0]) if found else None
 
 
 def lock_for_worker(message: InboxMessage, using: str) -> statements.Taken:
     """A worker's lock of a claimed version's key, never waiting, as a
-    :class:`~django_inbox.db.statements.Taken`: the key's applied sequence (``None``: another
+    :class:`~django_inbox.db.statements.Taken`: the key's state (``None``: another
     transaction holds it) and whether this version was recorded applied already. On
     PostgreSQL, when the version is the key's next one (and the key has a row), one statement
     records it applied, completes the row (fenced on its lease) and makes the next version
@@ -97,37 +99,53 @@ def lock_for_worker(message: InboxMessage, using: str) -> statements.Taken:
             lock(message.consumer, message.key, using, wait=False), False, None, []
         )
     first = inbox_settings.policy(message.consumer).first_sequence
-    if message.sequence is None or skip_requested(message):
-        applied, moved = statements.lock_and_apply(
-            message.consumer, message.key, message.sequence, first, using
+    rerun = bool(message.rerun)
+    if message.sequence is None or message.skip_requested:
+        state, moved = statements.lock_and_apply(
+            message.consumer, message.key, message.sequence, first, using, rerun=rerun
         )
-        return statements.Taken(applied, moved, None, [])
+        return statements.Taken(state, moved, None, [])
     return statements.lock_apply_complete(
         message.consumer, message.key, message.sequence, first,
-        message.pk, message.lease_id, timezone.now(), using,
+        message.pk, message.lease_id, timezone.now(), using, rerun=rerun,
     )  # fmt: skip
 
 
-def decide(sequence: int | None, applied: int | None) -> Verdict:
-    if applied is None:
+def decide(sequence: int | None, state: KeyState | None, *, rerun: bool) -> Verdict:
+    """Run, skip or wait a version (``rerun``: one a re-run sends again) of a key in
+    ``state``. While a re-run is under way, other versions up to where it rewound the key from
+    are stale, and later ones wait for it: what the key applied before the re-run counts."""
+    if state is None:
         return Verdict.BUSY
-    if sequence is None or sequence == applied + 1:
+    if sequence is None:
         return Verdict.RUN
-    return Verdict.SKIP if sequence <= applied else Verdict.WAIT
+    if state.rebuilding and not rerun:
+        assert state.through is not None
+        return Verdict.SKIP if sequence <= state.through else Verdict.WAIT
+    if sequence == state.applied + 1:
+        return Verdict.RUN
+    return Verdict.SKIP if sequence <= state.applied else Verdict.WAIT
 
 
-def stale_reason(key: str, sequence: int, applied: int) -> str:
-    return f"stale: key {key!r} has already applied sequence {applied}; this is {sequence}"
+def stale_reason(key: str, sequence: int, state: KeyState, *, rerun: bool = False) -> str:
+    if state.rebuilding and not rerun:
+        return (
+            f"stale: key {key!r} had applied sequence {state.through} before a re-run (now "
+            f"re-applying it, at {state.applied}); this is {sequence}"
+        )
+    return f"stale: key {key!r} has already applied sequence {state.applied}; this is {sequence}"
 
 
-def waiting_reason(key: str, sequence: int, applied: int) -> str:
+def waiting_reason(key: str, sequence: int, state: KeyState, *, rerun: bool = False) -> str:
+    if state.rebuilding and not rerun:
+        return (
+            f"waits for the re-run of key {key!r} to reach sequence {state.through} (at "
+            f"{state.applied}); this is {sequence}"
+        )
+    applied = state.applied
     return (
         f"waits for sequence {applied + 1} of key {key!r} (applied: {applied}); this is {sequence}"
     )
-
-
-def gap_deadline(consumer: str, now: datetime) -> datetime:
-    return now + timedelta(seconds=inbox_settings.policy(consumer).gap_timeout)
 
 
 def advance(consumer: str, key: str, sequence: int, now: datetime, using: str) -> list[str]:
@@ -192,10 +210,12 @@ def release_next(consumer: str, key: str, sequence: int, now: datetime, using: s
     return ids
 
 
-def skip_requested(message: InboxMessage) -> bool:
-    """Whether an operator skipped this version before its key reached it: it is skipped
-    (and counts as applied) when the key does."""
-    return bool(message.history) and message.history[-1].get("kind") == "skip"
+def skip_entry(message: InboxMessage) -> dict[str, Any]:
+    """The operator's last ``skip`` history entry of ``message`` (empty if none)."""
+    for entry in reversed(message.history or []):
+        if entry.get("kind") == "skip":
+            return dict(entry)
+    return {}
 
 
 def skipped_reason(entry: dict[str, Any]) -> str:
@@ -214,24 +234,25 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
     written already: the inbox has nothing left to write after the handler). Otherwise the
     row is ``skipped`` or ``waiting`` (its claim's attempt taken back), or ``IN_PROGRESS``
     when another transaction holds the key."""
-    applied, moved, completed, released = lock_for_worker(message, using)
+    state, moved, completed, released = lock_for_worker(message, using)
     if completed is False:
         raise LeaseLost(message.pk)
     message.inbox_applied = moved  # type: ignore[attr-defined]
     message.inbox_completed = bool(completed)  # type: ignore[attr-defined]
     message.inbox_released = released  # type: ignore[attr-defined]
-    verdict = decide(message.sequence, applied)
+    rerun = bool(message.rerun)
+    verdict = decide(message.sequence, state, rerun=rerun)
     if verdict is Verdict.BUSY:
         return Outcome.IN_PROGRESS
-    assert applied is not None
+    assert state is not None
     now = timezone.now()
-    skip = skip_requested(message)
+    skip = message.skip_requested
     if verdict is Verdict.RUN and not skip:
         return None
     assert message.sequence is not None
     if verdict is Verdict.RUN:  # an operator skipped it ahead: it counts as applied
         status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
-        reason = skipped_reason(message.history[-1])
+        reason = skipped_reason(skip_entry(message))
         if moved:
             released = release_next(message.consumer, message.key, message.sequence + 1, now, using)
         else:
@@ -239,13 +260,13 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
         message.inbox_released = released  # type: ignore[attr-defined]
     elif verdict is Verdict.SKIP:
         status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
-        reason = stale_reason(message.key, message.sequence, applied)
+        reason = stale_reason(message.key, message.sequence, state, rerun=rerun)
     else:
         status, outcome = Status.WAITING, Outcome.WAITING
-        until = gap_deadline(message.consumer, now)
-        reason = (
-            message.last_error if skip else waiting_reason(message.key, message.sequence, applied)
-        )
+        until = waits.deadline(message.consumer, message.key, message.sequence, now, using)
+        reason = waiting_reason(message.key, message.sequence, state, rerun=rerun)
+        if skip:
+            reason = f"{skipped_reason(skip_entry(message))}; {reason}"
     if not set_aside(message, status, until, reason, now, using):
         raise LeaseLost(message.pk)
     return outcome

@@ -1,11 +1,16 @@
 """What ``inbox_stats``, the health view and the metrics report as problems: dead rows, rows
-stuck past their lease, a due row waiting too long, and the outbox's dead rows and lag."""
+stuck past their lease, a due row waiting too long, ordered keys held up, and the outbox's dead
+rows and lag."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import Count, Exists, OuterRef, Q
+
+from ..gaps import GAP_PREFIX
 from ..models import InboxMessage
 
 if TYPE_CHECKING:
@@ -14,7 +19,7 @@ if TYPE_CHECKING:
 Status = InboxMessage.Status
 
 #: Kinds of :class:`Problem`, in the order they are reported.
-PROBLEM_KINDS = ("dead", "stuck", "pending_age", "outbox_dead", "outbox_lag")
+PROBLEM_KINDS = ("dead", "stuck", "pending_age", "stalled", "outbox_dead", "outbox_lag")
 
 
 @dataclass
@@ -66,4 +71,54 @@ def consumer_problems(
                     f"(limit {max_pending_age:.0f}s); are workers running?",
                 )
             )
+        stalled = _stalled(name, stats)
+        if stalled is not None and "stalled" not in ignore:
+            problems.append(stalled)
     return problems
+
+
+def _stalled(name: str, stats: ConsumerStats) -> Problem | None:
+    """Ordered keys that do not move until an operator acts, or waiting rows no worker
+    sweeps."""
+    parts = []
+    if stats.stalled_keys:
+        parts.append(
+            f"{stats.stalled_keys} key(s) held up by a version parked for a gap or by a dead or "
+            "parked version with later versions waiting (replay or skip it)"
+        )
+    if stats.overdue_waiting:
+        parts.append(
+            f"{stats.overdue_waiting} waiting version(s) past their gap deadline that no worker "
+            "looked at (are workers running?)"
+        )
+    if not parts:
+        return None
+    value = stats.stalled_keys + stats.overdue_waiting
+    return Problem("stalled", name, value, f"{name}: " + "; ".join(parts))
+
+
+def held_up(rows: Any, found: dict[str, ConsumerStats], overdue: datetime, of: Any) -> None:
+    """Ordered consumers' keys held up until an operator acts, and waiting rows no sweep
+    looked at: found through the attention and waiting rows' indexes."""
+    later_waiting = InboxMessage.objects.filter(
+        consumer=OuterRef("consumer"),
+        key=OuterRef("key"),
+        sequence__gt=OuterRef("sequence"),
+        status=Status.WAITING,
+    )
+    held = (
+        rows.filter(status__in=(Status.DEAD, Status.PARKED), sequence__isnull=False)
+        .exclude(key="")
+        .filter(Q(last_error__startswith=GAP_PREFIX) | Exists(later_waiting))
+        .values("consumer")
+        .annotate(keys=Count("key", distinct=True))
+    )
+    for found_row in held:
+        of(found_row["consumer"]).stalled_keys = found_row["keys"]
+    late = (
+        rows.filter(status=Status.WAITING, next_attempt_at__lt=overdue)
+        .values("consumer")
+        .annotate(n=Count("id"))
+    )
+    for late_row in late:
+        of(late_row["consumer"]).overdue_waiting = late_row["n"]

@@ -22,6 +22,7 @@ from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from .. import gaps
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxMessage
@@ -182,6 +183,10 @@ def purge(
                 progress(PurgeProgress(result.total, result.batches, time.monotonic() - started))
             if pause:
                 time.sleep(pause)
+    if result.deleted.get(Status.DEAD) and not dry_run:
+        # Ordered consumers' versions waiting behind a deleted dead one: nothing releases
+        # them now; give them a gap deadline (the sweep parks them if the gap stays open).
+        gaps.rearm_orphans(inbox_settings.database, consumer=consumer)
     if not explicit and not result.deleted.get(Status.SKIPPED):
         # Only ordered consumers have skipped rows: don't report them to everyone else.
         result.deleted.pop(str(Status.SKIPPED), None)

@@ -41,6 +41,9 @@ class ReclaimResult:
     #: With ``dry_run``: ``waiting`` rows past their gap deadline, which a real run looks at
     #: (and parks, if their gap is still open).
     expired_gaps: int = 0
+    #: Ordered consumers' ``waiting`` rows whose predecessor was deleted (nothing would
+    #: release them): given a gap deadline, due now.
+    rearmed: int = 0
     #: ``(consumer, message_id, new status)`` of every row, in the order handled.
     rows: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -82,6 +85,7 @@ def reclaim(
     if dry_run:
         result.expired_gaps = gaps.expired_waiting(using, consumer=consumer).count()
     else:
+        result.rearmed = gaps.rearm_orphans(using, consumer=consumer)
         result.parked_gaps = gaps.park_expired_gaps(using, consumer=consumer)
     seen: set[int] = set()
     while True:

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from .. import events, history, ordering
+from .. import events, history, ordering, waits
 from ..conf import inbox_settings
 from ..models import InboxMessage
 from .actions import ActionOptions, ActionResult, options_of
@@ -58,14 +58,14 @@ def _skip_one(
     using: str,
 ) -> InboxMessage | None:  # fmt: skip
     with transaction.atomic(using=using):
-        applied = ordering.lock(consumer, key, using, wait=True)
+        state = ordering.lock(consumer, key, using, wait=True)
         row = (
             InboxMessage.objects.using(using)
             .select_for_update()
             .filter(pk=pk, status__in=SKIPPABLE)
             .first()
         )
-        if row is None or applied is None:
+        if row is None or state is None:
             return None
         now = timezone.now()
         entry = history.action_entry(
@@ -73,12 +73,16 @@ def _skip_one(
             attempts=row.attempts, via=via,
         )  # fmt: skip
         said = ordering.skipped_reason(entry)
-        if sequence > applied + 1:
+        verdict = ordering.decide(sequence, state, rerun=row.rerun)
+        if verdict is ordering.Verdict.WAIT:
             # Ahead of its key: it waits, and is skipped (counting as applied) when the key
-            # reaches it, so the versions after it are not held back by it.
+            # reaches it, so the versions after it are not held back by it. The request is
+            # the row's state (``skip_requested``): what happens to the row meanwhile (a
+            # failed attempt to record it, a gap, a re-run) does not undo it.
             InboxMessage.objects.using(using).filter(pk=pk).update(
                 status=Status.WAITING,
-                next_attempt_at=ordering.gap_deadline(consumer, now),
+                skip_requested=True,
+                next_attempt_at=waits.deadline(consumer, key, sequence, now, using),
                 updated_at=now,
                 last_error=f"{said}; skipped when key {key!r} reaches sequence {sequence}",
                 history=history.append(row.history, entry),
@@ -86,13 +90,14 @@ def _skip_one(
             return row
         InboxMessage.objects.using(using).filter(pk=pk).update(
             status=Status.SKIPPED,
+            skip_requested=True,
             next_attempt_at=None,
             processed_at=now,
             updated_at=now,
             last_error=said,
             history=history.append(row.history, entry),
         )
-        if sequence == applied + 1:
+        if verdict is ordering.Verdict.RUN:
             ordering.advance(consumer, key, sequence, now, using)
     events.event(
         "skipped", **events.about(row, using), detail=f"by {actor} via {via}, was {row.status}"

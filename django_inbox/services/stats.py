@@ -9,7 +9,7 @@ estimate of the table size instead of counted (``exact=True`` counts).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Min, Q
@@ -22,7 +22,7 @@ from ..models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
 from ..registry import registry
 from .problems import PROBLEM_KINDS as PROBLEM_KINDS
 from .problems import Problem as Problem
-from .problems import consumer_problems, outbox_problems
+from .problems import consumer_problems, held_up, outbox_problems
 
 Status = InboxMessage.Status
 STATUSES = [str(status) for status in Status]
@@ -48,6 +48,12 @@ class ConsumerStats:
     oldest_waiting_age: float = 0.0
     #: Ordered consumers: ``parked`` rows whose gap outlived ``gap_timeout``.
     parked_gaps: int = 0
+    #: Ordered consumers: keys held up until an operator acts (a version parked for a gap, or
+    #: waiting versions behind a ``dead`` or ``parked`` one).
+    stalled_keys: int = 0
+    #: Ordered consumers: ``waiting`` rows whose gap deadline passed longer than
+    #: ``max_pending_age`` ago (no worker sweeps them).
+    overdue_waiting: int = 0
 
     @property
     def pending(self) -> int:
@@ -199,6 +205,8 @@ def collect(
         stats.counts[Status.WAITING] = waiting_row["n"]
         if waiting_row["since"] is not None:
             stats.oldest_waiting_age = max(0.0, (now - waiting_row["since"]).total_seconds())
+
+    held_up(rows, found, now - timedelta(seconds=max_pending_age), of)
 
     table_rows = 0 if exact or consumer is not None else estimated_rows(using)
     threshold = ESTIMATE_ABOVE if estimate_above is None else estimate_above

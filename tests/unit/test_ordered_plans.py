@@ -38,16 +38,16 @@ def _completed_versions() -> None:
     )
 
 
-def _waiting(deadline: str) -> None:
-    """Then 50,000 versions of other keys wait for a gap, until ``deadline``."""
+def _waiting(deadline: str, since: str = "now()") -> None:
+    """Then 50,000 versions of other keys wait for a gap since ``since``, until ``deadline``."""
     _rows(
         "SELECT 'orders', 'w-' || i, '', false, 'order.changed', '{}', '{}', 'waiting', 0, "
-        f"'a gap', '[]', now(), now(), {deadline}, '', 'other-' || i, 2 "
+        f"'a gap', '[]', now(), {since}, {deadline}, '', 'other-' || i, 2 "
         "FROM generate_series(1, 50000) i"
     )
     _rows(
         "SELECT 'orders', 'next', '', false, 'order.changed', '{}', '{}', 'waiting', 0, "
-        f"'a gap', '[]', now(), now(), {deadline}, '', 'mine', 2"
+        f"'a gap', '[]', now(), {since}, {deadline}, '', 'mine', 2"
     )
 
 
@@ -89,7 +89,8 @@ def test_a_gap_sweep_reads_each_waiting_row_it_looks_at_by_primary_key(
     (5 ms a row at 50,000)."""
     _completed_versions()
     take_statistics(TABLE)
-    _waiting("now() - interval '1 minute'")
+    # waiting since longer than gap_timeout (10 minutes): parked when looked at
+    _waiting("now() - interval '1 minute'", since="now() - interval '11 minutes'")
     monkeypatch.setattr(gaps, "SWEEP_BATCH", 3)
     with CaptureQueriesContext(connection) as queries:
         assert gaps.park_expired_gaps(consumer="orders") == 3

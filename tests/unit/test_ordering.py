@@ -16,7 +16,7 @@ from effects.models import OrderedRun
 from django_inbox import InvalidField, Outcome, deliver, store
 from django_inbox.gaps import GAP_PREFIX, park_expired_gaps
 from django_inbox.models import InboxKey, InboxMessage
-from django_inbox.services import operator, skipping
+from django_inbox.services import collect, operator, skipping
 from django_inbox.services.reclaim import reclaim
 from django_inbox.worker import Worker
 
@@ -318,14 +318,16 @@ def test_a_replayed_gap_whose_missing_version_arrived_meanwhile_waits_for_it() -
 
 
 def test_replaying_parked_gaps_never_passes_over_a_version_that_arrived() -> None:
-    """Versions 4 and 3 both parked for the missing 2 (4 stored first): replaying all of them
-    runs 3 then 4; only 2 is passed over."""
+    """Versions 4 and 3 both parked for the missing 2 (4 parked before 3 arrived): replaying
+    all of them runs 3 then 4; only 2 is passed over."""
     with ordered_policy(gap_timeout=0.05):
         send("K", 1)
         assert send("K", 4) == Outcome.WAITING
+        time.sleep(0.1)
+        assert park_expired_gaps() == 1
         assert send("K", 3) == Outcome.WAITING
         time.sleep(0.1)
-        assert park_expired_gaps() == 2
+        assert park_expired_gaps() == 1
 
         operator.replay(InboxMessage.objects.filter(status="parked"), actor="bob")
         drain()
@@ -336,6 +338,28 @@ def test_replaying_parked_gaps_never_passes_over_a_version_that_arrived() -> Non
     passed = [e["message"] for e in row("K-4").history if e["kind"] == "past_gap"]
     assert len(passed) == 1 and "sequences 2 to 2 of key 'K' never arrived" in passed[0]
     assert not [e for e in row("K-3").history if e["kind"] == "past_gap"]
+
+
+def test_a_version_behind_a_parked_gap_waits_for_it_without_a_deadline() -> None:
+    """4 arrives first (a gap), then 3: only 3 is parked for the gap; 4 waits behind it with
+    no deadline (no sweep looks at it again), and replaying 3 runs 3 then 4."""
+    with ordered_policy(gap_timeout=0.05):
+        send("K", 1)
+        assert send("K", 4) == Outcome.WAITING
+        assert send("K", 3) == Outcome.WAITING
+        assert row("K-3").next_attempt_at is not None  # the gap before 3: swept
+        assert send("K", 5) == Outcome.WAITING
+        assert row("K-5").next_attempt_at is None  # behind 4, which exists: never swept
+        time.sleep(0.1)
+        assert park_expired_gaps() == 1
+        assert (row("K-3").status, row("K-4").status) == ("parked", "waiting")
+        assert row("K-4").next_attempt_at is None
+
+        operator.replay(InboxMessage.objects.filter(status="parked"), actor="bob")
+        drain()
+
+    assert runs("K") == [1, 3, 4, 5]
+    assert applied("K") == 5
 
 
 def test_a_version_skipped_ahead_of_its_key_is_skipped_when_the_key_reaches_it() -> None:
@@ -356,17 +380,29 @@ def test_a_version_skipped_ahead_of_its_key_is_skipped_when_the_key_reaches_it()
 
 
 def test_a_gap_before_a_skipped_version_is_parked_not_held_for_ever() -> None:
-    """A completed or skipped version is no predecessor to wait for: the sweep parks."""
+    """A version skipped ahead of a gap that never fills is parked for the gap like any other
+    (it was held for ever before, with no action that applied to it): it shows as a problem,
+    and replaying it passes the gap and skips it, as the operator asked; 4 waits behind it."""
     with ordered_policy(gap_timeout=0.05):
         send("K", 1)
         assert send("K", 3) == Outcome.WAITING
         skipping.skip(InboxMessage.objects.filter(message_id="K-3"), actor="a")
         assert send("K", 4) == Outcome.WAITING
         time.sleep(0.1)
-        assert park_expired_gaps() == 1  # 4 waits for 2, which never came; 3 waits to be skipped
+        assert park_expired_gaps() == 1  # 3, for the missing 2; 4 waits behind 3
 
-    assert row("K-4").status == Status.PARKED
-    assert row("K-3").status == Status.WAITING
+        assert row("K-3").status == Status.PARKED
+        assert "an operator skipped it" in row("K-3").last_error
+        assert (row("K-4").status, row("K-4").next_attempt_at) == (Status.WAITING, None)
+        assert [p.kind for p in collect(consumer=CONSUMER).problems] == ["stalled"]
+
+        operator.replay(InboxMessage.objects.filter(message_id="K-3"), actor="bob")
+        drain()
+
+    assert row("K-3").status == Status.SKIPPED
+    assert runs("K") == [1, 4]
+    assert applied("K") == 4
+    assert not collect(consumer=CONSUMER).problems
 
 
 def test_a_first_sequence_of_zero() -> None:

@@ -300,7 +300,8 @@ def test_it_says_what_it_does_with_waiting_rows_past_their_gap_timeout() -> None
     )  # fmt: skip
     assert outcome == Outcome.WAITING
     past = timezone.now() - timedelta(hours=1)
-    InboxMessage.objects.filter(message_id="v5").update(next_attempt_at=past)
+    # waiting for an hour, past its deadline
+    InboxMessage.objects.filter(message_id="v5").update(next_attempt_at=past, updated_at=past)
 
     dry, _ = reclaim("--dry-run")
     assert "would look at 1 waiting row past gap_timeout (parked if its gap is still open)" in dry

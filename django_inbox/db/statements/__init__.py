@@ -22,7 +22,7 @@ from __future__ import annotations
 from .claiming import claim_fresh, claim_fresh_sql, claim_message, complete
 from .common import IdentityIndexChanged, NewRow
 from .hot import current_status, current_status_sql, insert, insert_completed, insert_or_status
-from .keys import lock_and_apply, lock_key
+from .keys import KeyState, lock_and_apply, lock_key
 from .ordered import Taken, advance, complete_ordered, lock_apply_complete, set_aside
 from .upkeep import (
     delete_selected,
@@ -34,6 +34,7 @@ from .upkeep import (
 
 __all__ = [
     "IdentityIndexChanged",
+    "KeyState",
     "NewRow",
     "Taken",
     "advance",

@@ -17,7 +17,7 @@ Status = InboxMessage.Status
 COLUMNS = (
     "consumer", "message_id", "source", "event_type", "key", "sequence", "payload", "headers",
     "status", "attempts", "last_error", "history", "received_at", "updated_at", "next_attempt_at",
-    "locked_until", "lease_id", "processed_at", "rerun",
+    "locked_until", "lease_id", "processed_at", "rerun", "skip_requested",
 )  # fmt: skip
 JSON_COLUMNS = {"payload", "headers", "history"}
 #: SQL text built once per database and shape.
@@ -45,6 +45,7 @@ class NewRow:
     lease_id: str = ""
     processed_at: datetime | None = None
     rerun: bool = False
+    skip_requested: bool = False
 
 
 def cached_sql(using: str, name: object, build: Callable[[Any, str], str]) -> str:

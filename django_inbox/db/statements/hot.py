@@ -40,7 +40,7 @@ def _literal(column: str, value: Any, vendor: str) -> str | None:
         return status_literal(value)
     if column == "attempts":
         return str(int(value))
-    if column == "rerun":
+    if column in ("rerun", "skip_requested"):
         return "TRUE" if value else "FALSE"
     if value in ("", "[]", "{}") and column not in ("consumer", "message_id", "event_type"):
         cast = "::jsonb" if vendor == "postgresql" and column in JSON_COLUMNS else ""
@@ -188,6 +188,7 @@ def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tupl
         "locked_until": "NULL",
         "lease_id": "''",
         "rerun": "FALSE",
+        "skip_requested": "FALSE",
     }
     shape = ", ".join(
         constant.get(column) or (json_param if column in JSON_COLUMNS else "%s")

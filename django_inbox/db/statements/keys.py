@@ -4,27 +4,45 @@ on the key's versions (the message rows) are in :mod:`.ordered`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...models import InboxKey
 from .. import preparing
 from .common import cached_sql
 
 
+class KeyState(NamedTuple):
+    """A locked key's row: its applied sequence, and where a re-run under way rewound it from."""
+
+    applied: int
+    #: ``InboxKey.rerun_through``: the applied sequence a re-run rewound (``None``: none).
+    through: int | None = None
+
+    @property
+    def rebuilding(self) -> bool:
+        """Whether a re-run is under way: the key is below where it was before the re-run."""
+        return self.through is not None and self.applied < self.through
+
+
+def state_of(applied: Any, through: Any) -> KeyState:
+    return KeyState(int(applied), None if through is None else int(through))
+
+
 def key_table(quote: Any) -> str:
     return str(quote(InboxKey._meta.db_table))
 
 
-def lock_key(consumer: str, key: str, first: int, using: str, *, wait: bool) -> int | None:
-    """Lock ``key``'s row for this transaction and return its applied sequence; create it
-    (``first - 1`` applied) if it is new. ``None``: another transaction holds it (``wait``
-    false; with ``wait`` this waits for it instead)."""
+def lock_key(consumer: str, key: str, first: int, using: str, *, wait: bool) -> KeyState | None:
+    """Lock ``key``'s row for this transaction and return its state; create it (``first - 1``
+    applied) if it is new. ``None``: another transaction holds it (``wait`` false; with
+    ``wait`` this waits for it instead)."""
     lock = "FOR UPDATE" if wait else "FOR UPDATE SKIP LOCKED"
     select = cached_sql(
         using,
         ("lock_key", wait),
         lambda quote, _: (
-            f"SELECT {quote('applied_sequence')} FROM {key_table(quote)} "
+            f"SELECT {quote('applied_sequence')}, {quote('rerun_through')} "
+            f"FROM {key_table(quote)} "
             f"WHERE {quote('consumer')} = %s AND {quote('key')} = %s {lock}"
         ),
     )
@@ -32,38 +50,49 @@ def lock_key(consumer: str, key: str, first: int, using: str, *, wait: bool) -> 
         cursor.execute(select, [consumer, key])
         found = cursor.fetchone()
         if found is not None:
-            return int(found[0])
+            return state_of(*found)
         if not wait and _present(cursor, consumer, key, using):
             return None  # held by someone
         # New: the inserted row is ours and locked (with ``wait``, or the row's holder).
         cursor.execute(_insert_key_sql(using), [consumer, key, first - 1])
-        found = cursor.fetchone()
-        if found is not None:
-            return int(found[0])
+        inserted = cursor.fetchone()
+        if inserted is not None:
+            return KeyState(int(inserted[0]))
         if not wait:
             return None
         cursor.execute(select, [consumer, key])  # it was committed meanwhile: wait for it
         found = cursor.fetchone()
-    return None if found is None else int(found[0])
+    return None if found is None else state_of(*found)
 
 
 def lock_and_apply_sql(quote: Any) -> str:
     """The CTEs ``locked`` (the key's row, unless another transaction holds it) and ``moved``
-    (its applied sequence set to the claimed version, if that is the next one). Parameters:
-    consumer, key, sequence, consumer, key, sequence."""
+    (its applied sequence set to the claimed version, if that is the next one and, unless the
+    version is a re-run's, no re-run is under way). Parameters: consumer, key, sequence,
+    consumer, key, sequence, whether the version is a re-run's."""
+    applied, through = quote("applied_sequence"), quote("rerun_through")
     return (
-        f"WITH locked AS (SELECT {quote('applied_sequence')} FROM {key_table(quote)} "
+        f"WITH locked AS (SELECT {applied}, {through} FROM {key_table(quote)} "
         f"WHERE {quote('consumer')} = %s AND {quote('key')} = %s FOR UPDATE SKIP LOCKED), "
-        f"moved AS (UPDATE {key_table(quote)} SET {quote('applied_sequence')} = %s, "
+        f"moved AS (UPDATE {key_table(quote)} SET {applied} = %s, "
         f"{quote('updated_at')} = now() WHERE {quote('consumer')} = %s "
         f"AND {quote('key')} = %s "
-        f"AND (SELECT {quote('applied_sequence')} FROM locked) = %s::bigint - 1 RETURNING 1)"
+        f"AND (SELECT {applied} FROM locked) = %s::bigint - 1 "
+        f"AND (%s OR NOT EXISTS (SELECT FROM locked WHERE {through} > {applied})) RETURNING 1)"
+    )
+
+
+def locked_state_sql(quote: Any) -> str:
+    """The selected columns of ``locked``: applied sequence, re-run's rewind."""
+    return (
+        f"(SELECT {quote('applied_sequence')} FROM locked), "
+        f"(SELECT {quote('rerun_through')} FROM locked)"
     )
 
 
 def lock_and_apply(
-    consumer: str, key: str, sequence: int | None, first: int, using: str
-) -> tuple[int | None, bool]:
+    consumer: str, key: str, sequence: int | None, first: int, using: str, *, rerun: bool
+) -> tuple[KeyState | None, bool]:
     """A worker's look at ``key`` for a claimed version: lock the key's row unless another
     transaction holds it, and if ``sequence`` is the key's next one, record it applied right
     away (the transaction commits it with the handler's writes, or rolls it back with them).
@@ -74,21 +103,21 @@ def lock_and_apply(
         using,
         "lock_and_apply",
         lambda quote, _: (
-            f"{lock_and_apply_sql(quote)} SELECT (SELECT {quote('applied_sequence')} "
-            f"FROM locked), EXISTS (SELECT FROM moved)"
+            f"{lock_and_apply_sql(quote)} SELECT {locked_state_sql(quote)}, "
+            f"EXISTS (SELECT FROM moved)"
         ),
     )
     with preparing.cursor(using) as cursor:
-        cursor.execute(sql, [consumer, key, sequence, consumer, key, sequence])
-        applied, moved = cursor.fetchone()
+        cursor.execute(sql, [consumer, key, sequence, consumer, key, sequence, rerun])
+        applied, through, moved = cursor.fetchone()
     if applied is not None:
-        return int(applied), bool(moved)
+        return state_of(applied, through), bool(moved)
     return new_key(consumer, key, sequence, first, using)
 
 
 def new_key(
     consumer: str, key: str, sequence: int | None, first: int, using: str
-) -> tuple[int | None, bool]:
+) -> tuple[KeyState | None, bool]:
     """The key had no row (or another transaction holds it): create it, locked, applied up
     to ``sequence`` if that is ``first``. ``(None, False)``: another transaction holds it."""
     with preparing.cursor(using) as cursor:
@@ -99,7 +128,7 @@ def new_key(
         )
         if cursor.fetchone() is None:
             return None, False
-    return first - 1, sequence == first
+    return KeyState(first - 1), sequence == first
 
 
 def _present(cursor: Any, consumer: str, key: str, using: str) -> bool:

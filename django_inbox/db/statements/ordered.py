@@ -14,14 +14,14 @@ from django.db import connections
 from .. import preparing
 from .claiming import completion_sql
 from .common import Status, cached_sql, fence, status_aside, status_literal
-from .keys import advance_sql, lock_and_apply_sql, new_key
+from .keys import KeyState, advance_sql, lock_and_apply_sql, locked_state_sql, new_key, state_of
 
 
 class Taken(NamedTuple):
     """What :func:`lock_apply_complete` found and did."""
 
-    #: The key's applied sequence before; ``None``: another transaction holds the key.
-    applied: int | None
+    #: The key's state before; ``None``: another transaction holds the key.
+    state: KeyState | None
     #: The claimed version was recorded applied.
     moved: bool
     #: ``True``: the claimed row was completed too (its lease held); ``False``: it was not,
@@ -40,6 +40,8 @@ def lock_apply_complete(
     lease_id: str,
     now: datetime,
     using: str,
+    *,
+    rerun: bool,
 ) -> Taken:
     """:func:`lock_and_apply`, and when the claimed version is the key's next one, its
     fenced completion and the release of the next version too, all in one statement, before
@@ -55,23 +57,23 @@ def lock_apply_complete(
             f"done AS ({completion_sql(quote, table, ' AND EXISTS (SELECT FROM moved)')} "
             f"RETURNING 1), "
             f"released AS ({_release_sql(quote, table, done)}) "
-            f"SELECT (SELECT {quote('applied_sequence')} FROM locked), "
+            f"SELECT {locked_state_sql(quote)}, "
             f"EXISTS (SELECT FROM moved), EXISTS (SELECT FROM done), "
             f"(SELECT array_agg({quote('message_id')}) FROM released)"
         )
 
     sql = cached_sql(using, "lock_apply_complete", build)
     stamp = connections[using].ops.adapt_datetimefield_value(now)
-    params: list[Any] = [consumer, key, sequence, consumer, key, sequence]
+    params: list[Any] = [consumer, key, sequence, consumer, key, sequence, rerun]
     params += [stamp, stamp, pk, fence(lease_id), stamp, stamp, consumer, key, sequence + 1]
     with preparing.cursor(using) as cursor:
         cursor.execute(sql, params)
-        applied, moved, done, released = cursor.fetchone()
+        applied, through, moved, done, released = cursor.fetchone()
     if applied is None:
-        applied, moved = new_key(consumer, key, sequence, first, using)
-        return Taken(applied, moved, None, [])
+        state, moved = new_key(consumer, key, sequence, first, using)
+        return Taken(state, moved, None, [])
     ids = [str(message_id) for message_id in released or []]
-    return Taken(int(applied), bool(moved), bool(done) if moved else None, ids)
+    return Taken(state_of(applied, through), bool(moved), bool(done) if moved else None, ids)
 
 
 def _release_sql(quote: Any, table: str, condition: str) -> str:

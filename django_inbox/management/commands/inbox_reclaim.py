@@ -65,8 +65,14 @@ class Command(InboxCommand):
 
 def _gaps(result: ReclaimResult) -> str:
     """What became of ordered consumers' waiting rows past their gap deadline."""
+    said = ""
+    if result.rearmed:
+        said = (
+            f"; gave a gap deadline to {counted(result.rearmed, 'waiting row')} whose "
+            "predecessor was deleted"
+        )
     if result.parked_gaps:
-        return (
+        return said + (
             f"; parked {counted(result.parked_gaps, 'waiting row')} whose gap outlived gap_timeout"
         )
     if result.expired_gaps:
@@ -74,4 +80,4 @@ def _gaps(result: ReclaimResult) -> str:
             f"; would look at {counted(result.expired_gaps, 'waiting row')} past gap_timeout "
             "(parked if its gap is still open)"
         )
-    return ""
+    return said

@@ -184,6 +184,7 @@ class Command(InboxCommand):
             if options["force"]
             else []
         )
+        following = options["wait"] and options["force"] and not options["dry_run"]
         result = replay(
             rows,
             actor=command_actor("inbox_replay"),
@@ -191,6 +192,8 @@ class Command(InboxCommand):
             force=options["force"],
             dry_run=options["dry_run"],
             via="command",
+            # Following a re-run counts its own rows: all of them are kept.
+            keep=None if following else 100,
         )
         if verbosity >= 2 or (options["dry_run"] and verbosity >= 1):
             for pk, consumer, message_id, status in result.rows:
@@ -213,8 +216,8 @@ class Command(InboxCommand):
         if result.refused:
             refused = "; ".join(f"{n:,} {why}" for why, n in sorted(result.refused.items()))
             raise CommandError(f"refused {refused}", returncode=1)
-        if options["wait"] and options["force"] and not options["dry_run"]:
-            reruns = result.changed.get("completed", 0) + result.changed.get("skipped", 0)
+        if following:
+            reruns = [pk for pk, _, _, was in result.rows if was in ("completed", "skipped")]
             try:
                 self._follow(consumers, reruns, verbosity)
             except KeyboardInterrupt:  # Ctrl-C: the re-run is the workers', not this process's
@@ -237,15 +240,17 @@ class Command(InboxCommand):
             verb = "would be" if dry_run else "are"
             self.stdout.write(f"  {consumer}: side effects of re-runs {verb} {what}")
 
-    def _follow(self, consumers: list[str], total: int, verbosity: int) -> None:
-        """Wait until the re-run rows of the selected consumers have run; print progress."""
+    def _follow(self, consumers: list[str], pks: list[int], verbosity: int) -> None:
+        """Wait until this re-run's rows (``pks``) have run; print progress."""
         started = time.monotonic()
         last_report = 0.0
         first_done: int | None = None
+        total = len(pks)
         while True:
-            left = rerun_left(consumers)
+            looked = time.monotonic()
+            left = rerun_left(consumers, pks=pks)
             # Rows waiting behind a dead or parked version don't move until an operator acts.
-            blocked = rerun_blocked(consumers) if left else 0
+            blocked = rerun_blocked(consumers, pks=pks) if left else 0
             done = max(total - left, 0)
             now = time.monotonic()
             if first_done is None:  # what workers ran while the re-run was being set up
@@ -257,8 +262,9 @@ class Command(InboxCommand):
                 last_report = now
             if left == blocked:
                 break
-            time.sleep(0.5)
-        failed = rerun_failed(consumers, since=self.started_at)
+            # A large re-run takes longer to count: look at most half the time.
+            time.sleep(max(0.5, 2 * (time.monotonic() - looked)))
+        failed = rerun_failed(consumers, since=self.started_at, pks=pks)
         if failed or blocked:
             held = f"; {blocked:,} wait behind them" if blocked else ""
             raise CommandError(
