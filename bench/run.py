@@ -114,6 +114,7 @@ def _section(name: str, run: Any) -> dict[str, Any]:
 ALONE = {
     "scale": ("bench.scale", "bench_scale", "render_scale"),
     "memory": ("bench.memory", "bench_memory", "render_memory"),
+    "waiting": ("bench.waiting", "bench_waiting", "render_waiting"),
 }
 
 

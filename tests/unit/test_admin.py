@@ -1074,3 +1074,19 @@ def test_a_project_can_replace_the_admin_with_a_subclass(fresh_site: admin.Admin
         assert done.status_code == 302
     rows[0].refresh_from_db()
     assert rows[0].status == Status.PARKED
+
+
+@pytest.mark.django_db
+def test_the_banner_shows_an_ordered_key_held_up_by_a_parked_version() -> None:
+    """Parked by its handler (not a problem alone), with a later version waiting behind it:
+    the key does not move until an operator acts, and the banner says so with a link."""
+    client = login(make_user("viewer"))
+    make_row(Status.PARKED, "v2", consumer="ordered", key="K", sequence=2)
+    assert 'id="inbox-healthy"' in html(client.get(CHANGELIST))
+    make_row(Status.WAITING, "v3", consumer="ordered", key="K", sequence=3)
+
+    page = html(client.get(CHANGELIST))
+
+    assert 'id="inbox-problems"' in page
+    assert "ordered: 1 key(s) held up by a version parked for a gap or by a dead or parked" in page
+    assert '?consumer=ordered&amp;status__exact=parked">show parked versions</a>' in page
