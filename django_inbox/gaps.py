@@ -16,7 +16,7 @@ from .conf import inbox_settings
 from .db.aside import with_status
 from .models import InboxKey, InboxMessage
 from .ordering import Verdict, decide, lock, release_next, skip_entry, skipped_reason, stale_reason
-from .waits import RUNNABLE, predecessor_exists
+from .waits import HOLE_LOOK, RUNNABLE, predecessor_exists
 
 Status = InboxMessage.Status
 
@@ -69,11 +69,6 @@ def jump_gap(pk: int, consumer: str, key: str, sequence: int, using: str) -> int
             )
         release_next(consumer, key, target + 1, now, using)
     return target
-
-
-#: Seconds between two looks at a re-run version that follows a sequence no row holds (it goes
-#: on past it as soon as its key reaches it, not a ``gap_timeout`` later).
-HOLE_LOOK = 1.0
 
 
 def _versions_between(found: InboxMessage, missing: int, using: str) -> bool:

@@ -263,7 +263,9 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
         reason = stale_reason(message.key, message.sequence, state, rerun=rerun)
     else:
         status, outcome = Status.WAITING, Outcome.WAITING
-        until = waits.deadline(message.consumer, message.key, message.sequence, now, using)
+        until = waits.deadline(
+            message.consumer, message.key, message.sequence, now, using, rerun=rerun
+        )
         reason = waiting_reason(message.key, message.sequence, state, rerun=rerun)
         if skip:
             reason = f"{skipped_reason(skip_entry(message))}; {reason}"

@@ -39,9 +39,19 @@ def gap_deadline(consumer: str, now: datetime) -> datetime:
     return now + timedelta(seconds=inbox_settings.policy(consumer).gap_timeout)
 
 
-def deadline(consumer: str, key: str, sequence: int, now: datetime, using: str) -> datetime | None:
+#: Seconds between two looks at a re-run version that follows a sequence no version holds (it
+#: goes on past it as soon as its key reaches it, not a ``gap_timeout`` later).
+HOLE_LOOK = 1.0
+
+
+def deadline(
+    consumer: str, key: str, sequence: int, now: datetime, using: str, *, rerun: bool = False
+) -> datetime | None:
     """``next_attempt_at`` of version ``sequence`` of ``key`` going ``waiting`` now (under the
-    key's lock): ``None`` behind an existing predecessor, else its gap deadline."""
+    key's lock): ``None`` behind an existing predecessor, else its gap deadline (for a re-run's
+    version, the next look at the hole it follows)."""
     if predecessor_exists(consumer, key, sequence - 1, using):
         return None
+    if rerun:
+        return now + timedelta(seconds=HOLE_LOOK)
     return gap_deadline(consumer, now)

@@ -30,7 +30,7 @@ from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from .. import gaps, history, ordering, waits
+from .. import history, ordering, waits
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxKey, InboxMessage
@@ -89,7 +89,7 @@ def rerun_key(consumer: str, key: str, first: int, entry: dict[str, Any], using:
                 consumer, key, sequence - 1, using
             ):
                 return None
-            return now + timedelta(seconds=gaps.HOLE_LOOK)
+            return now + timedelta(seconds=waits.HOLE_LOOK)
 
         for row in waiting:  # one reason per row: what it waits for
             assert row.sequence is not None
