@@ -19,7 +19,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import events, history, interruptions, leases, ordering, side_effects
+from . import events, history, holding, interruptions, leases, ordering, rebuilds, side_effects
 from .commits import committing
 from .conf import inbox_settings
 from .db.connection import connection_lost, transaction_aborted
@@ -62,7 +62,7 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
     try:
         with committing(using, lambda: [] if held is not None else [message.pk]):
             if ordered:
-                held = ordering.hold(message, using)
+                held = holding.hold(message, using)
             if held is None:
                 run_handler(handler, message, using)
                 now = timezone.now()
@@ -76,8 +76,15 @@ def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outco
                     completed = leases.complete(message, now, using)
                 if not completed:
                     raise LeaseLost(message.pk)
+                if ordered and message.rerun:  # the re-run's last version ends the re-run
+                    ended = rebuilds.after_rerun(message, using)
+                    if ended:
+                        message.inbox_released = [  # type: ignore[attr-defined]
+                            *getattr(message, "inbox_released", []),
+                            *ended,
+                        ]
         if held is not None:
-            return ordering.held_back(message, held, using)
+            return holding.held_back(message, held, using)
     except LeaseLost:
         message.inbox_released = []  # type: ignore[attr-defined]  # rolled back with the rest
         logger.warning(

@@ -16,7 +16,8 @@ from .conf import inbox_settings
 from .db.aside import with_status
 from .models import InboxKey, InboxMessage
 from .ordering import Verdict, decide, lock, release_next, skip_entry, skipped_reason, stale_reason
-from .waits import HOLE_LOOK, RUNNABLE, predecessor_exists
+from .rebuilds import finish_rebuild
+from .waits import HOLE_LOOK, RUNNABLE, predecessor_exists, versions_that_can_run
 
 Status = InboxMessage.Status
 
@@ -29,63 +30,61 @@ SWEEP_BATCH = 500
 def jump_gap(pk: int, consumer: str, key: str, sequence: int, using: str) -> int | None:
     """An operator replayed a version parked for a gap: move the key's applied sequence up to
     just below it, or just below the lowest version between that can still run (so nothing
-    that did arrive is passed over), and record it in the row's history. Returns the new
-    applied sequence, or ``None`` if nothing was passed over (its own transaction)."""
+    that did arrive is passed over), and record it in the row's history. While a re-run of
+    the key is under way, the key goes there when the re-run ends (``rerun_through`` moves
+    instead). Returns the new applied sequence, or ``None`` if nothing was passed over (its
+    own transaction)."""
     with transaction.atomic(using=using):
         state = lock(consumer, key, using, wait=True)
-        if state is None or sequence <= state.applied + 1:
+        if state is None:
             return None
-        applied = state.applied
+        now = timezone.now()
+        state, _ = finish_rebuild(consumer, key, state, now, using)
+        through = state.rebuild_through
+        base = state.applied if through is None else through
+        if sequence <= base + 1:
+            return None
         lowest = (
-            InboxMessage.objects.using(using)
-            .filter(
-                consumer=consumer,
-                key=key,
-                sequence__gt=applied,
-                sequence__lt=sequence,
-                status__in=RUNNABLE,
-            )
+            versions_that_can_run(consumer, key, using, through=through)
+            .filter(sequence__gt=base, sequence__lt=sequence)
             .aggregate(lowest=Min("sequence"))["lowest"]
         )
         target = sequence - 1 if lowest is None else lowest - 1
-        if target <= applied:
+        if target <= base:
             return None
-        now = timezone.now()
+        moved = {"applied_sequence": target} if through is None else {"rerun_through": target}
         InboxKey.objects.using(using).filter(consumer=consumer, key=key).update(
-            applied_sequence=target, updated_at=now
+            **moved, updated_at=now
         )
         row = InboxMessage.objects.using(using).select_for_update().filter(pk=pk).first()
         if row is not None:
+            after = "" if through is None else " (after the re-run under way)"
             entry = {
                 "kind": "past_gap",
                 "at": now.isoformat(),
                 "message": (
-                    f"replayed past the gap: sequences {applied + 1} to {target} of key "
+                    f"replayed past the gap{after}: sequences {base + 1} to {target} of key "
                     f"{key!r} never arrived; should they, they are skipped as stale"
                 ),
             }
             InboxMessage.objects.using(using).filter(pk=pk).update(
                 history=history.append(row.history, entry)
             )
-        release_next(consumer, key, target + 1, now, using)
+        if through is None:
+            release_next(consumer, key, target + 1, now, using)
     return target
 
 
-def _versions_between(found: InboxMessage, missing: int, using: str) -> bool:
+def _versions_between(
+    found: InboxMessage, missing: int, using: str, *, through: int | None
+) -> bool:
     """Whether a version of ``found``'s key that can still run holds a sequence from
     ``missing`` up to just below ``found`` (a re-run goes on past the others: completed rows
-    are not between, stale copies skipped as such never ran, the re-run planner passes them
-    too)."""
+    are not between, stale copies never ran, the re-run planner passes them too)."""
     assert found.sequence is not None
     return (
-        InboxMessage.objects.using(using)
-        .filter(
-            consumer=found.consumer,
-            key=found.key,
-            sequence__gte=missing,
-            sequence__lt=found.sequence,
-            status__in=RUNNABLE,
-        )
+        versions_that_can_run(found.consumer, found.key, using, through=through)
+        .filter(sequence__gte=missing, sequence__lt=found.sequence)
         .exists()
     )
 
@@ -145,11 +144,28 @@ def apply_gap_timeout(consumer: str, now: datetime, using: str) -> int:
     )
 
 
+def delete_dead_version(pk: int, consumer: str, key: str, sequence: int, using: str) -> bool:
+    """Delete a ``dead`` version of an ordered key (``inbox_purge``), under the key's lock, and
+    give the versions waiting right behind it a gap deadline due now (nothing else would
+    release them; the sweep decides them, and parks them if the gap stays open). Under the
+    lock, no decision about the key can see the row and commit after it is gone."""
+    with transaction.atomic(using=using):
+        lock(consumer, key, using, wait=True)
+        gone, _ = InboxMessage.objects.using(using).filter(pk=pk, status=Status.DEAD).delete()
+        if gone:
+            now = timezone.now()
+            InboxMessage.objects.using(using).filter(
+                consumer=consumer, key=key, sequence=sequence + 1, status=Status.WAITING,
+                next_attempt_at__isnull=True,
+            ).update(next_attempt_at=now, updated_at=now)  # fmt: skip
+    return bool(gone)
+
+
 def rearm_orphans(using: str | None = None, *, consumer: str | None = None) -> int:
     """Give a gap deadline (due now) to ``waiting`` rows that wait behind a predecessor no
-    longer there to release them (deleted by ``inbox_purge``, or by hand): the sweep then
-    decides them. Called by ``inbox_purge`` after deleting dead rows and by ``inbox_reclaim``;
-    reads every waiting row without a deadline, once."""
+    longer there to release them (deleted by hand, or by a release before ``inbox_purge``
+    took the key's lock): the sweep then decides them. Called by ``inbox_reclaim`` and every
+    few minutes by ``inbox_process``; reads every waiting row without a deadline, once."""
     using = using or inbox_settings.database
     predecessor = InboxMessage.objects.using(using).filter(
         consumer=OuterRef("consumer"),
@@ -194,6 +210,8 @@ def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
         if state is None:
             return 0  # busy: whoever holds the key decides; the next sweep looks again
         rows = with_status(InboxMessage.objects.using(using).filter(pk=pk), Status.WAITING)
+        if state.rebuilding and not found.rerun:  # a re-run with nothing left to run is over
+            state, _ = finish_rebuild(found.consumer, found.key, state, now, using)
         verdict = decide(found.sequence, state, rerun=found.rerun)
         if verdict is Verdict.RUN:
             rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now)
@@ -207,20 +225,25 @@ def _look_at_waiting(pk: int, now: datetime, using: str) -> int:
                 last_error=stale_reason(found.key, found.sequence, state, rerun=found.rerun),
             )
             return 0
-        if predecessor_exists(found.consumer, found.key, found.sequence - 1, using):
-            # Behind a version that can still run: it releases this one when its key applies
-            # it (or an operator resolves it). No deadline: the sweep never looks again.
+        through = state.rebuild_through
+        if (through is not None and not found.rerun and found.sequence == through + 1) or (
+            predecessor_exists(
+                found.consumer, found.key, found.sequence - 1, using, through=through
+            )
+        ):
+            # Behind a version that can still run (or right behind a re-run under way): it
+            # releases this one when its key applies it (or an operator resolves it). No
+            # deadline: the sweep never looks again.
             rows.update(next_attempt_at=None, updated_at=now)
             return 0
-        base = state.through if state.rebuilding and not found.rerun else state.applied
-        assert base is not None
+        base = through if through is not None and not found.rerun else state.applied
         missing = base + 1
         if found.rerun:
             # A re-run is never parked for a gap: every sequence below it was passed once.
             # Versions between still to run again come first; sequences no version that can
             # run holds (they never arrived, were purged, or were stale) it goes on past, as
             # the first run did.
-            if _versions_between(found, missing, using):
+            if _versions_between(found, missing, using, through=through):
                 rows.update(next_attempt_at=now + timedelta(seconds=HOLE_LOOK), updated_at=now)
             else:
                 _rerun_past(found, state.applied, now, using)

@@ -25,21 +25,19 @@ never reach this module.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 from django.utils import timezone
 
-from . import events, leases, waits
+from . import leases
 from .conf import inbox_settings
 from .db import statements
 from .db.aside import with_status
 from .db.statements import KeyState
-from .exceptions import LeaseLost
 from .models import InboxKey, InboxMessage
-from .outcomes import Outcome
 
 logger = logging.getLogger("django_inbox")
 Status = InboxMessage.Status
@@ -222,64 +220,3 @@ def skipped_reason(entry: dict[str, Any]) -> str:
     """``last_error`` of a version an operator skipped (from the ``skip`` history entry)."""
     reason = entry.get("reason") or ""
     return f"skipped by {entry.get('by', '?')}" + (f": {reason}" if reason else "")
-
-
-#: A claimed row whose key another transaction holds is due again after this many seconds.
-BUSY_DELAY = 0.2
-
-
-def hold(message: InboxMessage, using: str) -> Outcome | None:
-    """For a claimed row of an ordered consumer, in its transaction: lock its key and decide.
-    ``None``: run the handler (if ``inbox_completed`` is set on the row, its completion is
-    written already: the inbox has nothing left to write after the handler). Otherwise the
-    row is ``skipped`` or ``waiting`` (its claim's attempt taken back), or ``IN_PROGRESS``
-    when another transaction holds the key."""
-    state, moved, completed, released = lock_for_worker(message, using)
-    if completed is False:
-        raise LeaseLost(message.pk)
-    message.inbox_applied = moved  # type: ignore[attr-defined]
-    message.inbox_completed = bool(completed)  # type: ignore[attr-defined]
-    message.inbox_released = released  # type: ignore[attr-defined]
-    rerun = bool(message.rerun)
-    verdict = decide(message.sequence, state, rerun=rerun)
-    if verdict is Verdict.BUSY:
-        return Outcome.IN_PROGRESS
-    assert state is not None
-    now = timezone.now()
-    skip = message.skip_requested
-    if verdict is Verdict.RUN and not skip:
-        return None
-    assert message.sequence is not None
-    if verdict is Verdict.RUN:  # an operator skipped it ahead: it counts as applied
-        status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
-        reason = skipped_reason(skip_entry(message))
-        if moved:
-            released = release_next(message.consumer, message.key, message.sequence + 1, now, using)
-        else:
-            released = advance(message.consumer, message.key, message.sequence, now, using)
-        message.inbox_released = released  # type: ignore[attr-defined]
-    elif verdict is Verdict.SKIP:
-        status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
-        reason = stale_reason(message.key, message.sequence, state, rerun=rerun)
-    else:
-        status, outcome = Status.WAITING, Outcome.WAITING
-        until = waits.deadline(
-            message.consumer, message.key, message.sequence, now, using, rerun=rerun
-        )
-        reason = waiting_reason(message.key, message.sequence, state, rerun=rerun)
-        if skip:
-            reason = f"{skipped_reason(skip_entry(message))}; {reason}"
-    if not set_aside(message, status, until, reason, now, using):
-        raise LeaseLost(message.pk)
-    return outcome
-
-
-def held_back(message: InboxMessage, outcome: Outcome, using: str) -> Outcome:
-    """Report a row :func:`hold` did not run; give back one whose key was busy."""
-    if outcome is Outcome.IN_PROGRESS:
-        now = timezone.now()
-        with transaction.atomic(using=using):
-            leases.release(message, now, using, due=now + timedelta(seconds=BUSY_DELAY))
-        return outcome
-    events.event(str(outcome), **events.about(message, using, attempt=message.attempts - 1))
-    return outcome

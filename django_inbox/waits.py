@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from django.db.models import Q, QuerySet
+
 from .conf import inbox_settings
 from .models import InboxMessage
 
@@ -25,12 +27,25 @@ RUNNABLE = (
 )  # fmt: skip
 
 
-def predecessor_exists(consumer: str, key: str, sequence: int, using: str) -> bool:
+def versions_that_can_run(
+    consumer: str, key: str, using: str, *, through: int | None = None
+) -> QuerySet[InboxMessage]:
+    """``key``'s versions that can still run. While a re-run is under way up to ``through``,
+    a version up to there counts only if the re-run sends it: any other is a stale copy."""
+    rows = InboxMessage.objects.using(using).filter(consumer=consumer, key=key, status__in=RUNNABLE)
+    if through is not None:
+        rows = rows.filter(Q(rerun=True) | Q(sequence__gt=through))
+    return rows
+
+
+def predecessor_exists(
+    consumer: str, key: str, sequence: int, using: str, *, through: int | None = None
+) -> bool:
     """Whether a version ``sequence`` of ``key`` exists that can still run (a completed or
-    skipped one can't: the key applied it, or a re-run runs it again as a new row state)."""
+    skipped one can't: the key applied it); ``through`` as for :func:`versions_that_can_run`."""
     return (
-        InboxMessage.objects.using(using)
-        .filter(consumer=consumer, key=key, sequence=sequence, status__in=RUNNABLE)
+        versions_that_can_run(consumer, key, using, through=through)
+        .filter(sequence=sequence)
         .exists()
     )
 
@@ -45,13 +60,36 @@ HOLE_LOOK = 1.0
 
 
 def deadline(
-    consumer: str, key: str, sequence: int, now: datetime, using: str, *, rerun: bool = False
-) -> datetime | None:
+    consumer: str, key: str, sequence: int, now: datetime, using: str, *,
+    rerun: bool = False, through: int | None = None,
+) -> datetime | None:  # fmt: skip
     """``next_attempt_at`` of version ``sequence`` of ``key`` going ``waiting`` now (under the
-    key's lock): ``None`` behind an existing predecessor, else its gap deadline (for a re-run's
-    version, the next look at the hole it follows)."""
-    if predecessor_exists(consumer, key, sequence - 1, using):
+    key's lock): ``None`` behind an existing predecessor, or right behind a re-run under way
+    up to ``through`` (its end releases it); else its gap deadline (for a re-run's version,
+    the next look at the hole it follows)."""
+    if through is not None and not rerun and sequence == through + 1:
+        return None
+    if predecessor_exists(consumer, key, sequence - 1, using, through=through):
         return None
     if rerun:
         return now + timedelta(seconds=HOLE_LOOK)
     return gap_deadline(consumer, now)
+
+
+def release_unordered(consumer: str, using: str) -> int:
+    """``waiting`` rows of ``consumer`` when it is no longer ordered: nothing would release
+    them, so they are due now (those an operator skipped are ``skipped``). One probe of the
+    waiting rows' index when there are none. Returns how many changed."""
+    from django.utils import timezone
+
+    rows = InboxMessage.objects.using(using).filter(consumer=consumer, status=Status.WAITING)
+    if not rows.exists():
+        return 0
+    now = timezone.now()
+    note = "released: the consumer is no longer ordered"
+    skipped = rows.filter(skip_requested=True).update(
+        status=Status.SKIPPED, next_attempt_at=None, processed_at=now, updated_at=now,
+        last_error=f"skipped by an operator; {note}",
+    )  # fmt: skip
+    due = rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now, last_error=note)
+    return skipped + due

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from . import gaps, interruptions
+from . import gaps, interruptions, waits
 from .attempts import process_batch, run_released
 from .claims import claim_batch
 from .conf import inbox_settings
@@ -25,6 +25,10 @@ logger = logging.getLogger("django_inbox")
 
 #: Seconds between two looks for ordered consumers' gaps past their timeout.
 GAP_SWEEP_EVERY = 1.0
+#: Seconds between two looks for ordered versions waiting behind a predecessor that was
+#: deleted (:func:`~django_inbox.gaps.rearm_orphans`): a safety net, as nothing should leave
+#: one.
+REARM_EVERY = 300.0
 
 
 @dataclass
@@ -77,6 +81,7 @@ class Worker:
         #: transaction: if a handler killed the connection, it shows which one.
         self._solo = False
         self._next_gap_sweep = 0.0
+        self._next_rearm = time.monotonic() + REARM_EVERY
 
     def _consumers(self) -> list[str]:
         return self.consumers or registry.consumers()
@@ -96,9 +101,16 @@ class Worker:
         solo, self._solo = self._solo, False
         if time.monotonic() >= self._next_gap_sweep:
             self._next_gap_sweep = time.monotonic() + GAP_SWEEP_EVERY
+            rearm = time.monotonic() >= self._next_rearm
+            if rearm:
+                self._next_rearm = time.monotonic() + REARM_EVERY
             for consumer in self._consumers():
-                if inbox_settings.ordered(consumer):
-                    gaps.park_expired_gaps(self.using, consumer=consumer)
+                if not inbox_settings.ordered(consumer):
+                    waits.release_unordered(consumer, self.using)  # no longer ordered
+                    continue
+                if rearm:
+                    gaps.rearm_orphans(self.using, consumer=consumer)
+                gaps.park_expired_gaps(self.using, consumer=consumer)
         for consumer in self._consumers():
             room = self._room()
             if room <= 0 or self.shutdown.requested:

@@ -5,7 +5,7 @@ history entry, and a version arriving during a re-run was judged against the rew
 Adding a column with a constant default (or none) changes no row on PostgreSQL (11+) and MySQL
 (8.0.12+). ``skip_requested`` keeps its database default (``false``) so that processes still
 running the previous release, whose inserts do not name it, keep working during a rollout. The
-data step marks the waiting and skipped versions whose last operator action was a skip.
+data step marks the versions not completed whose last operator action was a skip.
 """
 
 from django.db import migrations, models
@@ -28,8 +28,13 @@ def keep_default(apps, schema_editor):
 def mark_skips(apps, schema_editor):
     message = apps.get_model("django_inbox", "InboxMessage")
     using = schema_editor.connection.alias
-    rows = message.objects.using(using).filter(
-        status__in=("waiting", "skipped"), sequence__isnull=False
+    # Every version not completed whose last operator action was a skip (a skip ahead may
+    # have been released, parked for a gap, or failed to be recorded), read only where the
+    # history names a skip at all.
+    rows = (
+        message.objects.using(using)
+        .filter(sequence__isnull=False, history__icontains="skip")
+        .exclude(status="completed")
     )
     marked = []
     for pk, stored in rows.values_list("pk", "history").iterator():

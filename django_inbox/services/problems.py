@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Count, Exists, OuterRef, Q
 
 from ..gaps import GAP_PREFIX
-from ..models import InboxMessage
+from ..models import InboxKey, InboxMessage
 
 if TYPE_CHECKING:
     from .stats import ConsumerStats
@@ -98,18 +98,30 @@ def _stalled(name: str, stats: ConsumerStats) -> Problem | None:
 
 
 def held_up(rows: Any, found: dict[str, ConsumerStats], overdue: datetime, of: Any) -> None:
-    """Ordered consumers' keys held up until an operator acts, and waiting rows no sweep
-    looked at: found through the attention and waiting rows' indexes."""
-    later_waiting = InboxMessage.objects.filter(
+    """Ordered consumers' keys held up until an operator acts: a ``dead`` or ``parked``
+    version above its key's applied sequence that is parked for a gap, or has the next version
+    waiting right behind it; and waiting rows no sweep looked at. Each dead or parked version
+    costs two probes of indexes (the key's row, the next version), found through the
+    attention rows' index."""
+    from .rerun import ordered_consumers
+
+    next_waiting = InboxMessage.objects.filter(
         consumer=OuterRef("consumer"),
         key=OuterRef("key"),
-        sequence__gt=OuterRef("sequence"),
+        sequence=OuterRef("sequence") + 1,
         status=Status.WAITING,
+    )
+    ahead = InboxKey.objects.filter(
+        consumer=OuterRef("consumer"),
+        key=OuterRef("key"),
+        applied_sequence__lt=OuterRef("sequence"),
     )
     held = (
         rows.filter(status__in=(Status.DEAD, Status.PARKED), sequence__isnull=False)
         .exclude(key="")
-        .filter(Q(last_error__startswith=GAP_PREFIX) | Exists(later_waiting))
+        .filter(ordered_consumers())
+        .filter(Exists(ahead))
+        .filter(Q(last_error__startswith=GAP_PREFIX) | Exists(next_waiting))
         .values("consumer")
         .annotate(keys=Count("key", distinct=True))
     )

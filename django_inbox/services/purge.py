@@ -26,6 +26,7 @@ from .. import gaps
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxMessage
+from .rerun import ordered_consumers
 
 Status = InboxMessage.Status
 
@@ -62,6 +63,9 @@ class PurgeResult:
     dry_run: bool = False
     #: Statuses skipped because no retention applies to them (``dead`` without a dead retention).
     skipped: list[str] = field(default_factory=list)
+    #: Dead versions of re-runs kept: each holds its key's rebuild until an operator replays
+    #: or skips it.
+    held: int = 0
 
     @property
     def total(self) -> int:
@@ -167,10 +171,19 @@ def purge(
         if rows is None:
             result.skipped.append(str(status))
             continue
+        if status == Status.DEAD:
+            # A dead version of a re-run holds its key's rebuild: an operator replays or
+            # skips it; purged, the re-run would pass it as if its first run had.
+            held = rows.filter(versions() & Q(rerun=True))
+            result.held = held.count()
+            rows = rows.exclude(versions() & Q(rerun=True))
         if dry_run:
             result.deleted[str(status)] = rows.count()
             continue
         result.deleted[str(status)] = 0
+        if status == Status.DEAD:
+            result.deleted[str(status)] += _delete_dead_versions(rows.filter(versions()))
+            rows = rows.exclude(versions())
         last_pk = 0
         while True:
             deleted = _delete_batch(rows.filter(pk__gt=last_pk), status, batch_size)
@@ -183,15 +196,27 @@ def purge(
                 progress(PurgeProgress(result.total, result.batches, time.monotonic() - started))
             if pause:
                 time.sleep(pause)
-    if result.deleted.get(Status.DEAD) and not dry_run:
-        # Ordered consumers' versions waiting behind a deleted dead one: nothing releases
-        # them now; give them a gap deadline (the sweep parks them if the gap stays open).
-        gaps.rearm_orphans(inbox_settings.database, consumer=consumer)
     if not explicit and not result.deleted.get(Status.SKIPPED):
         # Only ordered consumers have skipped rows: don't report them to everyone else.
         result.deleted.pop(str(Status.SKIPPED), None)
     result.elapsed = time.monotonic() - started
     return result
+
+
+def versions() -> Q:
+    """Ordered consumers' versions (a key and a sequence)."""
+    return Q(sequence__isnull=False) & ~Q(key="") & ordered_consumers()
+
+
+def _delete_dead_versions(rows: Any) -> int:
+    """Delete dead versions of ordered keys one at a time, each under its key's lock
+    (:func:`~django_inbox.gaps.delete_dead_version`)."""
+    using = inbox_settings.database
+    found = rows.order_by("pk").values_list("pk", "consumer", "key", "sequence")
+    return sum(
+        gaps.delete_dead_version(pk, consumer, key, sequence, using)
+        for pk, consumer, key, sequence in found.iterator()
+    )
 
 
 def _delete_batch(rows: Any, status: str, limit: int) -> list[int]:

@@ -86,7 +86,7 @@ def rerun_key(consumer: str, key: str, first: int, entry: dict[str, Any], using:
             # often: it moves the key past the hole as soon as the key reaches it, as the first
             # run was moved past it.
             if sequence - 1 in planned or waits.predecessor_exists(
-                consumer, key, sequence - 1, using
+                consumer, key, sequence - 1, using, through=key_plan.through
             ):
                 return None
             return now + timedelta(seconds=waits.HOLE_LOOK)

@@ -130,8 +130,6 @@ def note(key_plan: KeyPlan) -> str | None:
         parts.append(f"{later:,} later completed version(s) re-run too, to keep the key's order")
     if key_plan.skips:
         parts.append(f"{len(key_plan.skips):,} skipped version(s) skipped again")
-    if key_plan.target < key_plan.first - 1:
-        parts.append(f"joins a re-run under way (from sequence {key_plan.target + 1})")
     if key_plan.holes:
         shown = ", ".join(str(sequence) for sequence in key_plan.holes[:5])
         more = "…" if len(key_plan.holes) > 5 else ""

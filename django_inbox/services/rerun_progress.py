@@ -13,7 +13,7 @@ from datetime import datetime
 from django.db.models import Exists, OuterRef, QuerySet
 
 from ..conf import inbox_settings
-from ..models import InboxMessage
+from ..models import InboxKey, InboxMessage
 
 Status = InboxMessage.Status
 
@@ -43,14 +43,23 @@ def rerun_left(consumers: list[str], *, pks: Iterable[int] | None = None) -> int
 
 def rerun_blocked(consumers: list[str], *, pks: Iterable[int] | None = None) -> int:
     """How many re-run rows of ``consumers`` (among ``pks``, if given) wait behind a dead or
-    parked version of their key (an operator must replay or skip it before they can run)."""
-    blocker = InboxMessage.objects.using(inbox_settings.database).filter(
+    parked version of their key that the key has not passed (an operator must replay or skip
+    it before they can run). Rows with a deadline are not counted: they move on their own."""
+    using = inbox_settings.database
+    ahead = InboxKey.objects.using(using).filter(
+        consumer=OuterRef(OuterRef("consumer")),
+        key=OuterRef(OuterRef("key")),
+        applied_sequence__lt=OuterRef("sequence"),
+    )
+    blocker = InboxMessage.objects.using(using).filter(
+        Exists(ahead),
         consumer=OuterRef("consumer"),
         key=OuterRef("key"),
         sequence__lt=OuterRef("sequence"),
         status__in=(Status.DEAD, Status.PARKED),
     )
-    return _count(_reruns(consumers).filter(status=Status.WAITING).filter(Exists(blocker)), pks)
+    waiting = _reruns(consumers).filter(status=Status.WAITING, next_attempt_at__isnull=True)
+    return _count(waiting.filter(Exists(blocker)), pks)
 
 
 def rerun_failed(consumers: list[str], *, since: datetime, pks: Iterable[int] | None = None) -> int:

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from .. import events, history, ordering, waits
+from .. import events, history, ordering, rebuilds, waits
 from ..conf import inbox_settings
 from ..models import InboxMessage
 from .actions import ActionOptions, ActionResult, options_of
@@ -73,6 +73,8 @@ def _skip_one(
             attempts=row.attempts, via=via,
         )  # fmt: skip
         said = ordering.skipped_reason(entry)
+        if state.rebuilding and not row.rerun:  # a re-run with nothing left to run is over
+            state, _ = rebuilds.finish_rebuild(consumer, key, state, now, using)
         verdict = ordering.decide(sequence, state, rerun=row.rerun)
         if verdict is ordering.Verdict.WAIT:
             # Ahead of its key: it waits, and is skipped (counting as applied) when the key
@@ -82,7 +84,15 @@ def _skip_one(
             InboxMessage.objects.using(using).filter(pk=pk).update(
                 status=Status.WAITING,
                 skip_requested=True,
-                next_attempt_at=waits.deadline(consumer, key, sequence, now, using),
+                next_attempt_at=waits.deadline(
+                    consumer,
+                    key,
+                    sequence,
+                    now,
+                    using,
+                    rerun=row.rerun,
+                    through=state.rebuild_through,
+                ),
                 updated_at=now,
                 last_error=f"{said}; skipped when key {key!r} reaches sequence {sequence}",
                 history=history.append(row.history, entry),
@@ -99,6 +109,8 @@ def _skip_one(
         )
         if verdict is ordering.Verdict.RUN:
             ordering.advance(consumer, key, sequence, now, using)
+            if row.rerun:  # the re-run's last version skipped: the re-run is over
+                rebuilds.after_rerun(row, using)
     events.event(
         "skipped", **events.about(row, using), detail=f"by {actor} via {via}, was {row.status}"
     )

@@ -1080,7 +1080,10 @@ def test_a_project_can_replace_the_admin_with_a_subclass(fresh_site: admin.Admin
 def test_the_banner_shows_an_ordered_key_held_up_by_a_parked_version() -> None:
     """Parked by its handler (not a problem alone), with a later version waiting behind it:
     the key does not move until an operator acts, and the banner says so with a link."""
+    from django_inbox.models import InboxKey
+
     client = login(make_user("viewer"))
+    InboxKey.objects.create(consumer="ordered", key="K", applied_sequence=1)
     make_row(Status.PARKED, "v2", consumer="ordered", key="K", sequence=2)
     assert 'id="inbox-healthy"' in html(client.get(CHANGELIST))
     make_row(Status.WAITING, "v3", consumer="ordered", key="K", sequence=3)

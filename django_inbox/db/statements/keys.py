@@ -23,6 +23,11 @@ class KeyState(NamedTuple):
         """Whether a re-run is under way: the key is below where it was before the re-run."""
         return self.through is not None and self.applied < self.through
 
+    @property
+    def rebuild_through(self) -> int | None:
+        """``through`` while a re-run is under way, else ``None``."""
+        return self.through if self.rebuilding else None
+
 
 def state_of(applied: Any, through: Any) -> KeyState:
     return KeyState(int(applied), None if through is None else int(through))

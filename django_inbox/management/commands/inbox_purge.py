@@ -118,6 +118,11 @@ class Command(InboxCommand):
                 f"inbox_purge: {status} rows kept: no retention applies to them "
                 "(set INBOX_DEAD_RETENTION, or give --status dead with --older-than)"
             )
+        if result.held:
+            self.stdout.write(
+                f"inbox_purge: {counted(result.held, 'dead version')} of a re-run kept: each "
+                "holds its key's rebuild (replay or skip it)"
+            )
         counts = ", ".join(f"{n:,} {status}" for status, n in result.deleted.items()) or "nothing"
         if result.dry_run:
             self.stdout.write(f"inbox_purge: would delete {counts}")

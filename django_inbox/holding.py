@@ -1,0 +1,87 @@
+"""A worker's decision for a claimed version of an ordered consumer, in its transaction: run
+it, skip it (stale, or an operator's skip), set it aside to wait, or give it back when another
+transaction holds its key. The rules are :mod:`django_inbox.ordering`'s."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import events, leases, ordering, rebuilds, waits
+from .exceptions import LeaseLost
+from .models import InboxMessage
+from .ordering import Verdict
+from .outcomes import Outcome
+
+Status = InboxMessage.Status
+
+#: A claimed row whose key another transaction holds is due again after this many seconds.
+BUSY_DELAY = 0.2
+
+
+def hold(message: InboxMessage, using: str) -> Outcome | None:
+    """For a claimed row of an ordered consumer, in its transaction: lock its key and decide.
+    ``None``: run the handler (if ``inbox_completed`` is set on the row, its completion is
+    written already: the inbox has nothing left to write after the handler). Otherwise the
+    row is ``skipped`` or ``waiting`` (its claim's attempt taken back), or ``IN_PROGRESS``
+    when another transaction holds the key."""
+    state, moved, completed, released = ordering.lock_for_worker(message, using)
+    if completed is False:
+        raise LeaseLost(message.pk)
+    message.inbox_applied = moved  # type: ignore[attr-defined]
+    message.inbox_completed = bool(completed)  # type: ignore[attr-defined]
+    message.inbox_released = released  # type: ignore[attr-defined]
+    rerun = bool(message.rerun)
+    verdict = ordering.decide(message.sequence, state, rerun=rerun)
+    if verdict is Verdict.BUSY:
+        return Outcome.IN_PROGRESS
+    assert state is not None
+    now = timezone.now()
+    if state.rebuilding and not rerun:  # a re-run with nothing left to run is over
+        state, ended = rebuilds.finish_rebuild(message.consumer, message.key, state, now, using)
+        if ended:
+            message.inbox_released = [*released, *ended]  # type: ignore[attr-defined]
+        verdict = ordering.decide(message.sequence, state, rerun=rerun)
+    skip = message.skip_requested
+    if verdict is Verdict.RUN and not skip:
+        return None
+    assert message.sequence is not None
+    if verdict is Verdict.RUN:  # an operator skipped it ahead: it counts as applied
+        status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
+        reason = ordering.skipped_reason(ordering.skip_entry(message))
+        consumer, key, sequence = message.consumer, message.key, message.sequence
+        if moved:
+            released = ordering.release_next(consumer, key, sequence + 1, now, using)
+        else:
+            released = ordering.advance(consumer, key, sequence, now, using)
+        if rerun:
+            released += rebuilds.after_rerun(message, using)
+        message.inbox_released = released  # type: ignore[attr-defined]
+    elif verdict is Verdict.SKIP:
+        status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
+        reason = ordering.stale_reason(message.key, message.sequence, state, rerun=rerun)
+    else:
+        status, outcome = Status.WAITING, Outcome.WAITING
+        until = waits.deadline(
+            message.consumer, message.key, message.sequence, now, using, rerun=rerun,
+            through=state.rebuild_through,
+        )  # fmt: skip
+        reason = ordering.waiting_reason(message.key, message.sequence, state, rerun=rerun)
+        if skip:
+            reason = f"{ordering.skipped_reason(ordering.skip_entry(message))}; {reason}"
+    if not ordering.set_aside(message, status, until, reason, now, using):
+        raise LeaseLost(message.pk)
+    return outcome
+
+
+def held_back(message: InboxMessage, outcome: Outcome, using: str) -> Outcome:
+    """Report a row :func:`hold` did not run; give back one whose key was busy."""
+    if outcome is Outcome.IN_PROGRESS:
+        now = timezone.now()
+        with transaction.atomic(using=using):
+            leases.release(message, now, using, due=now + timedelta(seconds=BUSY_DELAY))
+        return outcome
+    events.event(str(outcome), **events.about(message, using, attempt=message.attempts - 1))
+    return outcome
