@@ -23,6 +23,16 @@ ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests that press Ctrl-C send SIGINT to the commands they start. A suite started in
+    the background of a shell without job control (``cmd &``, ``nohup``) inherits SIGINT
+    ignored, and so would every command it starts: their Ctrl-C was then lost (a failure, and
+    a test waiting for ever at a prompt). The suite takes the default back, so that its
+    commands get Python's own handling of SIGINT, as from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if connection.vendor == "postgresql":
         return
