@@ -46,7 +46,8 @@ def test_primary_key_is_declared_explicitly() -> None:
 
 @pytest.mark.postgres
 def test_the_rerun_column_keeps_a_default_for_the_previous_releases_inserts() -> None:
-    """0007 adds ``rerun`` while old workers may still insert rows without naming it."""
+    """0007 adds ``rerun`` (and 0012 ``skip_requested``) while old workers may still insert
+    rows without naming it."""
     from django.db import connection
 
     if connection.vendor != "postgresql":
@@ -57,6 +58,35 @@ def test_the_rerun_column_keeps_a_default_for_the_previous_releases_inserts() ->
             f'INSERT INTO "{table}" (consumer, message_id, source, event_type, key, payload, '
             "headers, status, attempts, last_error, history, received_at, updated_at, lease_id) "
             "VALUES ('old', 'm1', '', 't', '', '{}', '{}', 'received', 0, '', '[]', now(), now(), "
-            "'') RETURNING rerun"
+            "'') RETURNING rerun, skip_requested"
         )
-        assert cursor.fetchone() == (False,)
+        assert cursor.fetchone() == (False, False)  # 0012's column too
+
+
+@pytest.mark.django_db(transaction=True)
+def test_going_back_past_0012_keeps_its_columns_for_the_processes_still_running() -> None:
+    """The upgrading how-to goes back to 0010 while this release's processes run: they name
+    0012's columns in every statement, so its reverse keeps them; applied again, it adds
+    nothing and the inbox works."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    from django_inbox import store
+    from django_inbox.models import InboxKey
+
+    def columns(model: type) -> set[str]:
+        with connection.cursor() as cursor:
+            found = connection.introspection.get_table_description(cursor, model._meta.db_table)
+        return {column.name for column in found}
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([("django_inbox", "0011_drop_pair_constraint")])
+    try:
+        assert "skip_requested" in columns(InboxMessage)
+        assert "rerun_through" in columns(InboxKey)
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert store(consumer="effects", message_id="back", event_type="effect.write", payload={})
+    assert InboxMessage.objects.get(message_id="back").skip_requested is False
