@@ -223,8 +223,26 @@ _STATUS_EQ = re.compile(r"\"status\"\s+=\s+'([^']*)'", re.IGNORECASE)
 _LIMITED_SUBQUERY = re.compile(r"COUNT\(\*\)\s+FROM\s+\(SELECT\b.*\bLIMIT\s+\d+\)", re.S | re.I)
 
 
+def without_exists(sql: str) -> str:
+    """``sql`` without its ``EXISTS(…)`` subqueries: probes made for each row the outer query
+    reads, which restrict nothing about which rows it reads."""
+    out, i = [], 0
+    while (start := sql.find("EXISTS(", i)) >= 0:
+        out.append(sql[i:start])
+        depth, j = 0, start + len("EXISTS")
+        for j in range(start + len("EXISTS"), len(sql)):
+            depth += {"(": 1, ")": -1}.get(sql[j], 0)
+            if depth == 0:
+                break
+        out.append("EXISTS(…)")
+        i = j + 1
+    return "".join(out) + sql[i:]
+
+
 def statuses_of(sql: str) -> set[str]:
-    """The statuses a query's WHERE restricts the rows to (empty: no status restriction)."""
+    """The statuses a query's WHERE restricts the rows to (empty: no status restriction);
+    those of ``EXISTS`` subqueries don't count (:func:`without_exists`)."""
+    sql = without_exists(sql)
     found: set[str] = set()
     for group in _STATUS_IN.findall(sql):
         found.update(re.findall(r"'([^']*)'", group))
