@@ -7,7 +7,7 @@ import functools
 import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TypeVar, Unpack
+from typing import Any, TypeVar, Unpack
 
 from django.db import connections
 
@@ -22,8 +22,8 @@ from .text import storable_json
 from .validation import CONSUMER_MAX, clean_message_id, clean_sequence, clean_text, encode_json
 
 __all__ = [
-    "NewRow", "fresh", "insert", "insert_completed", "insert_or_status", "materialise",
-    "once_more_if_index_changed", "prepare",
+    "NewRow", "append_history", "fresh", "insert", "insert_completed", "insert_or_status",
+    "materialise", "once_more_if_index_changed", "prepare",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -133,3 +133,29 @@ def materialise(row: NewRow, pk: int, using: str | None = None) -> InboxMessage:
 @functools.cache
 def _field_names() -> list[str]:
     return [field.attname for field in InboxMessage._meta.concrete_fields]
+
+
+def append_history(pk: int, entries: list[dict[str, Any]], using: str) -> None:
+    """Append ``entries`` to row ``pk``'s history as it is now, under the row's lock: for
+    entries written outside the transaction that read the row, so that whatever another
+    writer added meanwhile is kept."""
+    from django.db import transaction
+
+    from . import history
+
+    if not entries:
+        return
+    with transaction.atomic(using=using):
+        found = (
+            InboxMessage.objects.using(using)
+            .select_for_update()
+            .filter(pk=pk)
+            .values_list("history", flat=True)
+            .first()
+        )
+        if found is None:
+            return  # purged meanwhile
+        kept = found
+        for entry in entries:
+            kept = history.append(kept, entry)
+        InboxMessage.objects.using(using).filter(pk=pk).update(history=kept)

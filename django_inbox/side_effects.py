@@ -252,30 +252,31 @@ def _after_commit(state: Suppressing, callback: Any) -> Any:
         finally:
             _rerun.reset(token)
             if state.close() > done:  # written now: the attempt has committed
-                from .models import InboxMessage
+                from .rows import append_history
 
-                _record(state, start=done)
-                InboxMessage.objects.using(state.using).filter(pk=state.message.pk).update(
-                    history=state.message.history
-                )
+                # Appended to the row as it is now: another writer may have added entries
+                # since the commit (an operator's action), which writing back the history
+                # held in memory would lose.
+                append_history(state.message.pk, _record(state, start=done), state.using)
 
     return run
 
 
-def _record(state: Suppressing, *, start: int = 0) -> None:
+def _record(state: Suppressing, *, start: int = 0) -> list[dict[str, Any]]:
     """History entries (one per function, with its count of calls) and signals for the calls
-    ``state`` suppressed from index ``start`` on."""
+    ``state`` suppressed from index ``start`` on; the entries are appended to the message's
+    history in memory, and returned."""
     message, using = state.message, state.using
     calls: dict[str, int] = {}
     for function in state.functions[start:]:
         calls[function] = calls.get(function, 0) + 1
     now = timezone.now()
     listened = signals.listened(signals.side_effect_suppressed)
+    entries = []
     for function, count in calls.items():
-        message.history = history.append(
-            message.history,
-            history.suppressed_entry(function, message.attempts, at=now, calls=count),
-        )
+        entry = history.suppressed_entry(function, message.attempts, at=now, calls=count)
+        entries.append(entry)
+        message.history = history.append(message.history, entry)
         if listened:  # sent if the attempt commits (at once after it)
             about = events.about(message, using)
             arguments = {**about, "duration": None, "message": message}
@@ -286,3 +287,4 @@ def _record(state: Suppressing, *, start: int = 0) -> None:
                 {"function": function, "calls": count},
                 using,
             )
+    return entries

@@ -351,6 +351,37 @@ def test_a_side_effect_sent_from_on_commit_is_suppressed_in_a_rerun_too() -> Non
     ]
 
 
+def _on_commit_after_another_writer(message: Any) -> None:
+    """After the commit: another writer adds an entry to the row's history first (what an
+    operator's action or a concurrent process may do at that moment), then a suppressed
+    side effect is recorded."""
+    from django_inbox import history
+
+    def another_writer() -> None:
+        found = InboxMessage.objects.get(pk=message.pk)
+        said = f"meanwhile, re-run: {message.is_rerun}"
+        entry = {"kind": "note", "at": "2026-01-01T00:00:00+00:00", "message": said}
+        InboxMessage.objects.filter(pk=message.pk).update(
+            history=history.append(found.history, entry)
+        )
+
+    transaction.on_commit(another_writer)
+    transaction.on_commit(lambda: inbox_handlers.send_receipt(message.message_id))
+
+
+def test_a_suppression_recorded_after_the_commit_keeps_entries_written_meanwhile() -> None:
+    """The suppressions of on_commit callbacks were written back as the whole history held in
+    memory, by primary key: an entry another writer added after the commit was lost."""
+    with handler("effect.on_commit", "notify", _on_commit_after_another_writer):
+        deliver(consumer="notify", message_id="c2", event_type="effect.on_commit", payload={})
+        rerun("notify", "c2")
+        drain("notify")
+    entries = InboxMessage.objects.get(message_id="c2").history
+    said = [e["message"] if e["kind"] == "note" else e["kind"] for e in entries]
+    said = [text for text in said if text.startswith("meanwhile") or text == "suppressed"]
+    assert said == ["meanwhile, re-run: False", "meanwhile, re-run: True", "suppressed"], said
+
+
 def _hand_on(message: Any) -> None:
     deliver(
         consumer="effects", message_id=f"derived-of-{message.attempts}-{message.is_rerun}",
