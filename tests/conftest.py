@@ -152,15 +152,24 @@ def handler(
         registry.unregister(consumer, event_type)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_delivery_memory() -> Iterator[None]:
-    """Per-process memory of the hot path starts empty in every test: the consumers in a run
-    of duplicates, and whether prepared statements were stopped."""
-    from django_inbox import delivery
+def forget_process_memory() -> None:
+    """Empty what the inbox remembers per process: the consumers in a run of duplicates,
+    whether prepared statements were stopped, when each consumer last looked for expired
+    leases, whether the pair's constraint exists, the interrupted rows to give back."""
+    from django_inbox import claims, delivery, interruptions
     from django_inbox.db import preparing
+    from django_inbox.db.statements import common
 
     delivery._duplicate_run.clear()
     preparing.state.reset()
+    claims._takeover_checked.clear()
+    common._pair_constraint.clear()
+    interruptions._noted.clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_memory() -> Iterator[None]:
+    """Every test starts with the per-process memory of a new process, and leaves none."""
+    forget_process_memory()
     yield
-    delivery._duplicate_run.clear()
-    preparing.state.reset()
+    forget_process_memory()
