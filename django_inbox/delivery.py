@@ -19,7 +19,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import events, history, interruptions, ordering, rebuilds, waits
+from . import events, history, holding, interruptions, ordering
 from .attempts import (
     failure,
     failure_outcome,
@@ -184,26 +184,7 @@ def _deliver_ordered(row: NewRow, handler: Handler, using: str) -> Outcome:
     started = time.perf_counter()
     try:
         with committing(using, lambda: [pk] if pk is not None and message is not None else []):
-            state = ordering.lock(row.consumer, row.key, using, wait=True)
-            assert state is not None
-            if state.rebuilding:  # a re-run with nothing left to run is over
-                state, released = rebuilds.finish_rebuild(row.consumer, row.key, state, now, using)
-            verdict = ordering.decide(row.sequence, state, rerun=False)
-            assert verdict is not ordering.Verdict.BUSY
-            if verdict is ordering.Verdict.RUN:
-                row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
-            elif verdict is ordering.Verdict.SKIP:
-                assert row.sequence is not None
-                row.status, row.processed_at = Status.SKIPPED, now
-                row.last_error = ordering.stale_reason(row.key, row.sequence, state)
-            else:
-                assert row.sequence is not None
-                row.status = Status.WAITING
-                row.next_attempt_at = waits.deadline(
-                    row.consumer, row.key, row.sequence, now, using,
-                    through=state.rebuild_through,
-                )  # fmt: skip
-                row.last_error = ordering.waiting_reason(row.key, row.sequence, state)
+            verdict, released = holding.place_new(row, now, using)
             pk, status = insert_or_status(row, now, using)
             if pk is not None and verdict is ordering.Verdict.RUN:
                 message = materialise(row, pk, using)

@@ -4,12 +4,13 @@ transaction holds its key. The rules are :mod:`django_inbox.ordering`'s."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
 from . import events, leases, ordering, rebuilds, waits
+from .db.statements import NewRow
 from .exceptions import LeaseLost
 from .models import InboxMessage
 from .ordering import Verdict
@@ -74,6 +75,33 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
     if not ordering.set_aside(message, status, until, reason, now, using):
         raise LeaseLost(message.pk)
     return outcome
+
+
+def place_new(row: NewRow, now: datetime, using: str) -> tuple[Verdict, list[str]]:
+    """For a new keyed version of an ordered consumer that ``deliver()`` is about to insert, in
+    its transaction: lock its key and decide, setting the row's status, reason and deadline
+    (``RUN``: inserted ``completed``, the caller runs the handler). Returns the verdict and the
+    message ids a re-run's end made due."""
+    state = ordering.lock(row.consumer, row.key, using, wait=True)
+    assert state is not None
+    released: list[str] = []
+    if state.rebuilding:  # a re-run with nothing left to run is over
+        state, released = rebuilds.finish_rebuild(row.consumer, row.key, state, now, using)
+    verdict = ordering.decide(row.sequence, state, rerun=False)
+    if verdict is Verdict.RUN:
+        row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
+        return verdict, released
+    assert row.sequence is not None
+    if verdict is Verdict.SKIP:
+        row.status, row.processed_at = Status.SKIPPED, now
+        row.last_error = ordering.stale_reason(row.key, row.sequence, state)
+    else:
+        row.status = Status.WAITING
+        row.next_attempt_at = waits.deadline(
+            row.consumer, row.key, row.sequence, now, using, through=state.rebuild_through
+        )
+        row.last_error = ordering.waiting_reason(row.key, row.sequence, state)
+    return verdict, released
 
 
 def held_back(message: InboxMessage, outcome: Outcome, using: str) -> Outcome:
