@@ -58,10 +58,8 @@ def give_back_interrupted(using: str | None = None) -> int:
 
 def _give_back_running(row: InboxMessage, error: str, using: str) -> int:
     handler = registry.get(row.consumer, row.event_type)
-    if (
-        interruptions.free_interruptions(row)
-        < RetryPolicy.for_handler(row.consumer, handler).max_attempts
-    ):
+    policy = RetryPolicy.for_handler(row.consumer, handler)
+    if not policy.used_up(interruptions.free_interruptions(row)):
         entry = history.interrupted_entry(row.attempts, error, at=timezone.now())
         return leases.release_interrupted(row, entry, using)
     reason = (

@@ -118,7 +118,7 @@ def policy_of(row: InboxMessage) -> RetryPolicy:
 
 def abandoned_status(row: InboxMessage) -> str:
     """What recording a dead worker's attempt on ``row`` makes it (``failed`` or ``dead``)."""
-    return Status.DEAD if row.attempts >= policy_of(row).max_attempts else Status.FAILED
+    return Status.DEAD if policy_of(row).used_up(row.attempts) else Status.FAILED
 
 
 def record_abandoned_attempt(

@@ -22,6 +22,7 @@ from ..db.connection import connection_lost, describe, keep_connection
 from ..db.outage import DatabaseMisconfigured, Outage
 from ..delivering_batches import deliver_batch
 from ..giving_back import give_back_interrupted
+from ..retry import ceiling
 from ..rows import NewRow
 from ..shutdown import Shutdown
 from ..text import exception_text
@@ -122,7 +123,7 @@ class Acker:
     def _pause(self) -> None:
         """Wait before the broker hands the requeued message over again: 0.2 s doubling."""
         self.stats.database_errors += 1
-        self.shutdown.wait(min(5.0, 0.1 * 2 ** min(self.stats.database_errors, 6)))
+        self.shutdown.wait(ceiling(self.stats.database_errors + 1, 0.1, 5.0))
 
     # -- one message ----------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from ..conf import inbox_settings
-from ..db.outage import Backoff, DatabaseMisconfigured
+from ..db.outage import DatabaseMisconfigured
+from ..retry import Backoff
 from ..shutdown import Shutdown
 from ..text import exception_text
 from ..worker import Worker

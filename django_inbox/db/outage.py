@@ -12,11 +12,11 @@ no ``pg_hba.conf`` entry) is a configuration error: waiting cannot mend it, so t
 from __future__ import annotations
 
 import logging
-import random
 import re
 import time
 from collections.abc import Callable
 
+from ..retry import Backoff
 from .connection import describe, drop_connection, lost_prepared_statement, sqlstate
 
 logger = logging.getLogger("django_inbox")
@@ -62,21 +62,6 @@ def misconfigured(exc: BaseException, using: str) -> DatabaseMisconfigured:
         f"the inbox's database {using!r} refused the connection: {said}. This is a "
         "configuration error, not an outage: check DATABASES (or DATABASE_URL)"
     )
-
-
-class Backoff:
-    """Exponential backoff with jitter for reconnecting: ``base`` doubling to ``cap`` seconds."""
-
-    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
-        self.base, self.cap, self.failures = base, cap, 0
-
-    def next(self) -> float:
-        self.failures += 1
-        ceiling = min(self.cap, self.base * 2 ** min(self.failures - 1, 16))
-        return float(ceiling / 2 + random.uniform(0, ceiling / 2))
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 class Outage:

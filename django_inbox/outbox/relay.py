@@ -24,6 +24,7 @@ from django.db import DatabaseError, connections
 from ..conf import inbox_settings
 from ..db.connection import connection_lost
 from ..db.outage import misconfigured, refused_for_settings
+from ..retry import Backoff, used_up
 from ..shutdown import Shutdown
 from ..wording import counted
 from . import rows, services
@@ -105,7 +106,7 @@ class Relay:
         )
         self._publisher: Publisher | None = None
         self._last_error: BaseException | None = None
-        self._reconnect_delay = RECONNECT_FIRST
+        self._reconnect = Backoff(RECONNECT_FIRST, RECONNECT_MAX, jitter=False)
         self._swept_at: float | None = None
         self._sweep_every = SWEEP_EVERY
 
@@ -150,8 +151,7 @@ class Relay:
         return self.until_idle is not None and time.monotonic() - since >= self.until_idle
 
     def _back_off(self) -> None:
-        self.shutdown.wait(self._reconnect_delay)
-        self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX)
+        self.shutdown.wait(self._reconnect.next())
 
     def _give_up_unless_reached(self, started: float) -> None:
         """Raise :class:`BrokerUnreachable` once ``wait_for_broker`` has passed without the
@@ -201,7 +201,7 @@ class Relay:
             self._last_error = exc
             logger.warning(
                 "outbox relay: broker %s unreachable (%s); retrying in %.1fs",
-                self.broker, describe(exc), self._reconnect_delay,
+                self.broker, describe(exc), self._reconnect.upcoming,
             )  # fmt: skip
             self.progress.unreachable(exc, lambda: services.pending_count(self.using))
             return False
@@ -238,7 +238,7 @@ class Relay:
             )
             logger.warning(
                 "outbox relay: lost the broker %s (%s); reconnecting in %.1fs",
-                self.broker, gone, self._reconnect_delay,
+                self.broker, gone, self._reconnect.upcoming,
             )  # fmt: skip
             self._publisher.close()
             self._publisher = None
@@ -262,7 +262,7 @@ class Relay:
             )  # fmt: skip
         if result.unknown:
             rows.give_back(result.unknown, lease_id, self.using)
-        self._reconnect_delay = RECONNECT_FIRST  # a batch settled: the broker works
+        self._reconnect.reset()  # a batch settled: the broker works
         return len(claimed)
 
     def _give_up(self, claimed: list[rows.Claimed], lease_id: str) -> list[rows.Claimed]:
@@ -270,13 +270,13 @@ class Relay:
         settled (each claim stopped a relay, or outlived its lease) are dead now; the others."""
         limit = outbox_settings.max_attempts
         for row in claimed:
-            if row.attempts > limit:
+            if used_up(row.attempts - 1, limit):  # the claim counted one more
                 reason = (
                     f"claimed {row.attempts} times (INBOX_OUTBOX_MAX_ATTEMPTS is {limit}) without "
                     "a publication that settled: a relay stopped on it, or lost its lease"
                 )
                 self.stats.failed[rows.fail(row, lease_id, reason, self.using, dead=True)] += 1
-        return [row for row in claimed if row.attempts <= limit]
+        return [row for row in claimed if not used_up(row.attempts - 1, limit)]
 
 
 def _keys(by_pk: dict[int, rows.Claimed], pks: list[int]) -> list[str]:

@@ -6,7 +6,6 @@ out (it hung, another relay took the rows over) cannot overwrite what the other 
 
 from __future__ import annotations
 
-import random
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
+from .. import retry
 from ..db import preparing
 from ..db.statements.common import fence
 from ..text import storable
@@ -249,20 +249,21 @@ def sweep(using: str, *, now: datetime | None = None) -> int:
 
 
 def backoff(attempts: int) -> float:
-    """Seconds before the next attempt: exponential with full jitter, capped. The doubling
-    stops at ``2.0 ** 1000``, a float (an ``int`` power of two past 1,024 bits is not one)."""
-    doublings = min(max(attempts - 1, 0), 1000)
-    ceiling = min(outbox_settings.backoff_max, outbox_settings.backoff_base * 2.0**doublings)
-    return random.uniform(0, ceiling)
+    """Seconds before the next attempt: the inbox's backoff (exponential with full jitter,
+    capped for any number of attempts) with the outbox's base and cap."""
+    return retry.full_jitter(
+        retry.ceiling(attempts, outbox_settings.backoff_base, outbox_settings.backoff_max)
+    )
 
 
 def fail(row: Claimed, lease_id: str, error: str, using: str, *, dead: bool = False) -> str:
     """A publication of ``row`` failed: ``pending`` again after a backoff, or ``dead`` once its
     attempts are used up (or at once with ``dead``). Returns the new status."""
     now = timezone.now()
-    dead = dead or row.attempts >= outbox_settings.max_attempts
+    used_up = retry.used_up(row.attempts, outbox_settings.max_attempts)
+    dead = dead or used_up
     reason = storable(error)[:MAX_ERROR]
-    if dead and row.attempts >= outbox_settings.max_attempts:
+    if used_up:
         reason = f"{reason} (giving up after {row.attempts} attempts)"[:MAX_ERROR]
     changed = (
         OutboxMessage.objects.using(using)

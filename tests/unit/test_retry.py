@@ -153,3 +153,53 @@ def test_retry_accepts_the_longest_schedulable_delay() -> None:
 
     # 200 years: the bound of every duration (durations.MAX_SECONDS)
     assert Retry("later", delay=200 * 365 * 86400).delay == 200 * 365 * 86400
+
+
+# -- one failure policy: the same doubling and the same "used up" rule everywhere ----------
+
+
+@pytest.mark.parametrize("failures", [1, 2, 10, 1_025, 1_026, 10**6, 2**63])
+def test_every_wait_of_the_inbox_is_the_same_capped_doubling(failures: int) -> None:
+    from django_inbox.outbox.rows import backoff
+    from django_inbox.retry import ceiling
+
+    policy = RetryPolicy(max_attempts=10, backoff_base=0.5, backoff_max=30.0, lease=60.0)
+    assert policy.ceiling(failures) == ceiling(failures, 0.5, 30.0)
+    with override_settings(INBOX_OUTBOX_BACKOFF_BASE=0.5, INBOX_OUTBOX_BACKOFF_MAX=30.0):
+        assert all(0 <= backoff(failures) <= ceiling(failures, 0.5, 30.0) for _ in range(20))
+
+
+def test_a_reconnect_backoff_without_jitter_doubles_to_its_cap_and_resets() -> None:
+    from django_inbox.retry import Backoff
+
+    backoff = Backoff(0.5, 10.0, jitter=False)
+    assert backoff.upcoming == 0.5
+    assert [backoff.next() for _ in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    backoff.reset()
+    assert backoff.upcoming == 0.5 and backoff.next() == 0.5
+
+
+def test_a_reconnect_backoff_with_jitter_waits_in_the_upper_half_of_its_ceiling() -> None:
+    from django_inbox.retry import Backoff
+
+    random.seed(7)
+    for _ in range(50):
+        backoff = Backoff(0.5, 30.0)
+        for failure in range(1, 12):
+            upper = backoff.upcoming
+            assert upper == min(30.0, 0.5 * 2 ** (failure - 1))
+            assert upper / 2 <= backoff.next() <= upper
+    backoff.failures = 2**63  # a process that lost its server for ever still waits, capped
+    assert 15.0 <= backoff.next() <= 30.0
+
+
+@pytest.mark.parametrize(
+    ("attempts", "max_attempts", "used"),
+    [(0, 1, False), (1, 1, True), (4, 5, False), (5, 5, True), (6, 5, True), (2**31 - 1, 3, True)],
+)
+def test_attempts_are_used_up_at_the_maximum(attempts: int, max_attempts: int, used: bool) -> None:
+    from django_inbox.retry import used_up
+
+    assert used_up(attempts, max_attempts) is used
+    policy = RetryPolicy(max_attempts=max_attempts, backoff_base=1, backoff_max=1, lease=60.0)
+    assert policy.used_up(attempts) is used
