@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,65 +42,74 @@ def no_handler_reason(consumer: str, event_type: str) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Attempted:
+    """What one attempt of a claimed row came to: its outcome, and the message ids of the
+    ordered versions it made due (they can run next, in transactions of their own)."""
+
+    outcome: Outcome
+    released: tuple[str, ...] = ()
+
+
 def process_claimed(message: InboxMessage, *, using: str | None = None) -> Outcome:
+    """Run the handler of a claimed row and record what happened; see :func:`attempt`."""
+    return attempt(message, using=using).outcome
+
+
+def attempt(message: InboxMessage, *, using: str | None = None) -> Attempted:
     """Run the handler of a claimed row and record what happened.
 
     The handler's writes and the ``completed`` status commit in one transaction, fenced on the
     row's lease. A handler exception rolls the writes back and is recorded in a transaction
-    of its own. Returns ``IN_PROGRESS`` when the lease was lost to another worker.
+    of its own. The outcome is ``IN_PROGRESS`` when the lease was lost to another worker.
     """
     using = using or inbox_settings.database
     handler = registry.get(message.consumer, message.event_type)
     if handler is None:
         reason = no_handler_reason(message.consumer, message.event_type)
-        return record_failure(message, Reject(reason), None, using=using)
+        return Attempted(record_failure(message, Reject(reason), None, using=using))
     problem = unreadable_reason(message)
     if problem is not None:
-        return record_failure(message, UnreadableMessage(problem), None, using=using)
+        return Attempted(record_failure(message, UnreadableMessage(problem), None, using=using))
     ordered = ordering.applies(message.consumer, message.key)
-    held: Outcome | None = None
+    held = holding.Hold(None)
+    released: list[str] = []
     started = time.perf_counter()
     try:
-        with committing(using, lambda: [] if held is not None else [message.pk]):
+        with committing(using, lambda: [] if held.outcome is not None else [message.pk]):
             if ordered:
                 held = holding.hold(message, using)
-            if held is None:
+                released = held.released
+            if held.outcome is None:
                 run_handler(handler, message, using)
                 now = timezone.now()
-                if ordered and getattr(message, "inbox_completed", False):
+                if held.completed:
                     completed = True  # completed with its key's lock, before the handler
                 elif ordered and message.sequence is not None:
-                    applied = getattr(message, "inbox_applied", False)
-                    completed, released = ordering.complete(message, now, using, applied=applied)
-                    message.inbox_released = released  # type: ignore[attr-defined]
+                    completed, released = ordering.complete(
+                        message, now, using, applied=held.applied
+                    )
                 else:
                     completed = leases.complete(message, now, using)
                 if not completed:
                     raise LeaseLost(message.pk)
                 if ordered and message.rerun:  # the re-run's last version ends the re-run
-                    ended = rebuilds.after_rerun(message, using)
-                    if ended:
-                        message.inbox_released = [  # type: ignore[attr-defined]
-                            *getattr(message, "inbox_released", []),
-                            *ended,
-                        ]
-        if held is not None:
-            return holding.held_back(message, held, using)
+                    released = [*released, *rebuilds.after_rerun(message, using)]
+        if held.outcome is not None:
+            return Attempted(holding.held_back(message, held.outcome, using), tuple(released))
     except LeaseLost:
-        message.inbox_released = []  # type: ignore[attr-defined]  # rolled back with the rest
         logger.warning(
             "inbox message %s: lease lost to another worker; nothing of this attempt was kept",
             message.message_id,
         )
-        return Outcome.IN_PROGRESS
+        return Attempted(Outcome.IN_PROGRESS)  # what it released rolled back with the rest
     except Exception as exc:
-        message.inbox_released = []  # type: ignore[attr-defined]  # rolled back with the rest
         if connection_lost(exc, using):
             raise  # infrastructure, not the handler: the caller gives the row back later
         duration = time.perf_counter() - started
-        return record_failure(message, exc, handler, using=using, duration=duration)
+        return Attempted(record_failure(message, exc, handler, using=using, duration=duration))
     processed(message, time.perf_counter() - started, using)
-    return Outcome.PROCESSED
+    return Attempted(Outcome.PROCESSED, tuple(released))
 
 
 def unreadable_reason(message: InboxMessage) -> str | None:
@@ -129,12 +139,13 @@ def run_released(
         if not claimed:
             continue
         try:
-            outcomes.append(process_claimed(claimed[0], using=using))
+            attempted = attempt(claimed[0], using=using)
         except Exception as exc:
             if connection_lost(exc, using):
                 interruptions.note(claimed, using=using, running=claimed[0], error=exc)
             raise
-        pending.extend(getattr(claimed[0], "inbox_released", []))
+        outcomes.append(attempted.outcome)
+        pending.extend(attempted.released)
     return outcomes
 
 
@@ -142,7 +153,11 @@ def processed(message: InboxMessage, duration: float | None, using: str) -> None
     events.event("processed", **events.about(message, using), duration=duration, message=message)
 
 
-def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> list[Outcome]:
+class _OneByOne(Exception):
+    """A batch that must run one row at a time (a row without a handler): not an error."""
+
+
+def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> list[Attempted]:
     """Run the handlers of several claimed rows in one transaction, completing all together.
 
     One commit for the batch instead of one per message. If any handler raises (or a lease
@@ -157,7 +172,7 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
         or any(unreadable_reason(m) for m in messages)
     ):
         # An ordered consumer's keyed rows decide run, skip or wait one transaction each.
-        return [process_claimed(message, using=using) for message in messages]
+        return [attempt(message, using=using) for message in messages]
     handlers = [registry.get(m.consumer, m.event_type) for m in messages]
     started = time.perf_counter()
     pks = [m.pk for m in messages]
@@ -166,7 +181,7 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
         with committing(using, lambda: pks):
             for message, handler in zip(messages, handlers, strict=True):
                 if handler is None:
-                    raise LeaseLost(message.pk)  # not an error here: handled one by one below
+                    raise _OneByOne  # each row's failure is recorded alone, below
                 run_handler(handler, message, using)
             if leases.complete_all(messages, using) != len(messages):
                 raise LeaseLost(messages[0].pk)
@@ -175,11 +190,11 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
             raise  # nothing committed; the caller gives the rows back later
         for message, kept in zip(messages, histories, strict=True):
             message.history = kept  # the batch's attempt rolled back, its trace with it
-        return [process_claimed(message, using=using) for message in messages]
+        return [attempt(message, using=using) for message in messages]
     share = (time.perf_counter() - started) / len(messages)
     for message in messages:
         processed(message, share, using)
-    return [Outcome.PROCESSED] * len(messages)
+    return [Attempted(Outcome.PROCESSED)] * len(messages)
 
 
 def run_handler(handler: Handler, message: InboxMessage, using: str) -> None:
@@ -213,7 +228,7 @@ def failure_outcome(
         return Status.DEAD, None
     if isinstance(exc, Park):
         return Status.PARKED, None
-    if attempts >= policy.max_attempts:
+    if policy.used_up(attempts):
         return Status.DEAD, None
     if isinstance(exc, Retry) and exc.delay is not None:
         return Status.FAILED, exc.delay

@@ -21,9 +21,9 @@ from django.utils import timezone
 
 from . import events, history, holding, interruptions, ordering
 from .attempts import (
+    attempt,
     failure,
     failure_outcome,
-    process_claimed,
     processed,
     run_handler,
     run_released,
@@ -270,14 +270,13 @@ def deliver_existing(
         claimed = claim_batch(row.consumer, 1, using=using, message_id=row.message_id)
         if claimed:
             try:
-                outcome = process_claimed(claimed[0], using=using)
+                attempted = attempt(claimed[0], using=using)
             except Exception as exc:
                 if connection_lost(exc, using):
                     interruptions.note(claimed, using=using, running=claimed[0], error=exc)
                 raise
-            released = getattr(claimed[0], "inbox_released", [])
-            run_released(row.consumer, released, using, limit=INLINE_RELEASED)
-            return outcome
+            run_released(row.consumer, list(attempted.released), using, limit=INLINE_RELEASED)
+            return attempted.outcome
         status = statements.current_status(row.consumer, row.message_id, using)
     if status is None:
         # Purged between our insert and our look: it is new again (once; then report it busy).

@@ -4,6 +4,7 @@ transaction holds its key. The rules are :mod:`django_inbox.ordering`'s."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
@@ -22,44 +23,56 @@ Status = InboxMessage.Status
 BUSY_DELAY = 0.2
 
 
-def hold(message: InboxMessage, using: str) -> Outcome | None:
-    """For a claimed row of an ordered consumer, in its transaction: lock its key and decide.
-    ``None``: run the handler (if ``inbox_completed`` is set on the row, its completion is
-    written already: the inbox has nothing left to write after the handler). Otherwise the
-    row is ``skipped`` or ``waiting`` (its claim's attempt taken back), or ``IN_PROGRESS``
-    when another transaction holds the key."""
+@dataclass
+class Hold:
+    """What :func:`hold` decided for a claimed version, in its transaction.
+
+    ``outcome`` is ``None`` when the handler is to run: then ``completed`` says that the
+    version's completion is written already (the inbox has nothing left to write after the
+    handler), and ``applied`` that its key was moved to it already. ``released`` holds the
+    message ids of versions the decision made due (a re-run's end, a skip's successors).
+    """
+
+    outcome: Outcome | None
+    applied: bool = False
+    completed: bool = False
+    released: list[str] = field(default_factory=list)
+
+
+def hold(message: InboxMessage, using: str) -> Hold:
+    """For a claimed row of an ordered consumer, in its transaction: lock its key and decide:
+    run the handler (``outcome`` ``None``), or the row is ``skipped`` or ``waiting`` (its
+    claim's attempt taken back), or ``IN_PROGRESS`` when another transaction holds the key.
+    Raises :class:`LeaseLost` when the row's lease is no longer this worker's."""
     state, moved, completed, released = ordering.lock_for_worker(message, using)
     if completed is False:
         raise LeaseLost(message.pk)
-    message.inbox_applied = moved  # type: ignore[attr-defined]
-    message.inbox_completed = bool(completed)  # type: ignore[attr-defined]
-    message.inbox_released = released  # type: ignore[attr-defined]
+    result = Hold(None, applied=moved, completed=bool(completed), released=released)
     rerun = bool(message.rerun)
     verdict = ordering.decide(message.sequence, state, rerun=rerun)
     if verdict is Verdict.BUSY:
-        return Outcome.IN_PROGRESS
+        result.outcome = Outcome.IN_PROGRESS
+        return result
     assert state is not None
     now = timezone.now()
     if state.rebuilding and not rerun:  # a re-run with nothing left to run is over
         state, ended = rebuilds.finish_rebuild(message.consumer, message.key, state, now, using)
-        if ended:
-            message.inbox_released = [*released, *ended]  # type: ignore[attr-defined]
+        result.released += ended
         verdict = ordering.decide(message.sequence, state, rerun=rerun)
     skip = message.skip_requested
     if verdict is Verdict.RUN and not skip:
-        return None
+        return result
     assert message.sequence is not None
     if verdict is Verdict.RUN:  # an operator skipped it ahead: it counts as applied
         status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
         reason = ordering.skipped_reason(ordering.skip_entry(message))
         consumer, key, sequence = message.consumer, message.key, message.sequence
         if moved:
-            released = ordering.release_next(consumer, key, sequence + 1, now, using)
+            result.released += ordering.release_next(consumer, key, sequence + 1, now, using)
         else:
-            released = ordering.advance(consumer, key, sequence, now, using)
+            result.released += ordering.advance(consumer, key, sequence, now, using)
         if rerun:
-            released += rebuilds.after_rerun(message, using)
-        message.inbox_released = released  # type: ignore[attr-defined]
+            result.released += rebuilds.after_rerun(message, using)
     elif verdict is Verdict.SKIP:
         status, outcome, until = Status.SKIPPED, Outcome.SKIPPED, None
         reason = ordering.stale_reason(message.key, message.sequence, state, rerun=rerun)
@@ -74,7 +87,8 @@ def hold(message: InboxMessage, using: str) -> Outcome | None:
             reason = f"{ordering.skipped_reason(ordering.skip_entry(message))}; {reason}"
     if not ordering.set_aside(message, status, until, reason, now, using):
         raise LeaseLost(message.pk)
-    return outcome
+    result.outcome = outcome
+    return result
 
 
 def place_new(row: NewRow, now: datetime, using: str) -> tuple[Verdict, list[str]]:

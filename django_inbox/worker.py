@@ -51,7 +51,7 @@ class Worker:
         until_idle: stop once nothing was due for this many seconds (``0``: when drained).
         poll_interval: sleep between polls when nothing is due.
         commit_every: run this many messages per transaction (overrides each consumer's
-            ``commit_every`` policy; see :func:`~django_inbox.processing.process_batch`).
+            ``commit_every`` policy; see :func:`~django_inbox.attempts.process_batch`).
         shutdown: stop requests (signals); a new one when ``None``.
     """
 
@@ -127,7 +127,7 @@ class Worker:
                     self.stats.released += release(batch[start:])
                     break
                 try:
-                    outcomes = process_batch(chunk)
+                    attempts = process_batch(chunk)
                 except Exception as exc:
                     if connection_lost(exc, self.using):
                         # One message running alone was interrupted; a shared batch blames
@@ -138,11 +138,14 @@ class Worker:
                             batch[start:], using=self.using, running=running, error=exc
                         )
                     raise
-                for message in chunk:  # ordered consumers: the versions they made due
-                    released = getattr(message, "inbox_released", None)
-                    if released and not self.shutdown.requested:
+                outcomes = [attempted.outcome for attempted in attempts]
+                for attempted in attempts:  # ordered consumers: the versions they made due
+                    if attempted.released and not self.shutdown.requested:
                         outcomes += run_released(
-                            consumer, released, self.using, stop=lambda: self.shutdown.requested
+                            consumer,
+                            list(attempted.released),
+                            self.using,
+                            stop=lambda: self.shutdown.requested,
                         )
                 for outcome in outcomes:
                     self.stats.outcomes[outcome.value] += 1
