@@ -10,4 +10,8 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from .. import companions
         from . import checks  # noqa: F401  (registers the outbox's system check)
+        from .services import OutboxCompanion
+
+        companions.register(self.name, OutboxCompanion())

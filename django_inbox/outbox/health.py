@@ -165,3 +165,16 @@ def lag_cause(stats: OutboxStats) -> str:
 
 def _since(age: float | None) -> str:
     return "(no sent message is kept)" if age is None else f"for {age:.0f}s"
+
+
+def pending_count(using: str | None = None) -> int:
+    """How many rows are ``pending`` (counted over their partial index)."""
+    rows = OutboxMessage.objects.using(using or inbox_settings.database)
+    return rows.filter(status=Status.PENDING).count()
+
+
+def anything_pending(using: str | None = None) -> bool:
+    """Whether any row is ``pending``, due or not: what a relay that cannot reach its broker
+    asks before it calls itself idle."""
+    rows = OutboxMessage.objects.using(using or inbox_settings.database)
+    return rows.filter(status=Status.PENDING).exists()

@@ -27,7 +27,8 @@ from ..db.outage import misconfigured, refused_for_settings
 from ..retry import Backoff, used_up
 from ..shutdown import Shutdown
 from ..wording import counted
-from . import rows, services
+from . import rows
+from .health import anything_pending, pending_count
 from .progress import PROGRESS_EVERY, Progress, describe, masked
 from .publisher import BrokerGone, BrokerUnreachable, Publisher
 from .settings import outbox_settings
@@ -116,7 +117,7 @@ class Relay:
             while not self.shutdown.requested and not self._enough():
                 try:
                     if not self._connected():
-                        if self.until_idle is not None and services.anything_pending(self.using):
+                        if self.until_idle is not None and anything_pending(self.using):
                             idle_since = time.monotonic()  # work waits for the broker
                         elif self._idle(idle_since):
                             break
@@ -162,7 +163,7 @@ class Relay:
         raise BrokerUnreachable(
             f"could not reach the broker at {self.broker} within {waited:.0f}s "
             f"({describe(self._last_error) if self._last_error else 'no answer'}); "
-            f"{counted(services.pending_count(self.using), 'outbox row')} pending; check the "
+            f"{counted(pending_count(self.using), 'outbox row')} pending; check the "
             "URL, or wait longer with --wait-for-broker"
         )
 
@@ -203,7 +204,7 @@ class Relay:
                 "outbox relay: broker %s unreachable (%s); retrying in %.1fs",
                 self.broker, describe(exc), self._reconnect.upcoming,
             )  # fmt: skip
-            self.progress.unreachable(exc, lambda: services.pending_count(self.using))
+            self.progress.unreachable(exc, lambda: pending_count(self.using))
             return False
         # The delay goes back to its first value after a batch settles, not on connecting: a
         # connection that the broker drops at every batch still backs off.

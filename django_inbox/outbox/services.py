@@ -1,4 +1,7 @@
-"""Operations on outbox rows, for the admin, commands and your own code."""
+"""Operations on outbox rows, for the admin, commands, Celery tasks and your own code: replay,
+purge, counts, the relay (:func:`relay`, :func:`relay_for`), and what the inbox's stats,
+problems, purge and tasks ask of the outbox (:class:`OutboxCompanion`, registered with
+:mod:`django_inbox.companions` when the app is ready)."""
 
 from __future__ import annotations
 
@@ -17,9 +20,14 @@ from ..services.actions import ActionOptions, ActionResult, options_of
 from ..wording import counted
 from .health import ESTIMATE_ABOVE as ESTIMATE_ABOVE
 from .health import OutboxStats as OutboxStats
+from .health import anything_pending as anything_pending
 from .health import collect as collect
+from .health import pending_count as pending_count
 from .health import problems as problems
 from .models import OutboxMessage
+from .publisher import BrokerUnreachable as BrokerUnreachable
+from .relay import Relay as Relay
+from .relay import RelayStats as RelayStats
 from .settings import outbox_settings
 
 Status = OutboxMessage.Status
@@ -108,19 +116,6 @@ def migrated(using: str | None = None) -> bool | None:
         return None
 
 
-def pending_count(using: str | None = None) -> int:
-    """How many rows are ``pending`` (counted over their partial index)."""
-    rows = OutboxMessage.objects.using(using or inbox_settings.database)
-    return rows.filter(status=Status.PENDING).count()
-
-
-def anything_pending(using: str | None = None) -> bool:
-    """Whether any row is ``pending``, due or not: what a relay that cannot reach its broker
-    asks before it calls itself idle."""
-    rows = OutboxMessage.objects.using(using or inbox_settings.database)
-    return rows.filter(status=Status.PENDING).exists()
-
-
 def purge(*, older_than: float | None = None, batch_size: int = 1000) -> int:
     """Delete ``sent`` rows sent more than ``older_than`` seconds ago (default
     ``INBOX_OUTBOX_RETENTION``), ``batch_size`` per statement. Returns how many."""
@@ -140,3 +135,57 @@ def purge(*, older_than: float | None = None, batch_size: int = 1000) -> int:
         chosen = OutboxMessage.objects.using(using).filter(pk__in=batch)
         count, _ = with_status(chosen, Status.SENT).delete()
         deleted += count
+
+
+def relay(broker_url: str, **options: Any) -> Relay:
+    """A relay publishing the outbox to ``broker_url`` (``INBOX_BROKER_TRANSPORT_OPTIONS``
+    applied); ``options`` are :class:`~django_inbox.outbox.relay.Relay`'s. Call ``run()``."""
+    options.setdefault("transport_options", inbox_settings.broker_transport_options)
+    return Relay(broker_url, **options)
+
+
+def relay_for(
+    broker_url: str,
+    *,
+    max_messages: int | None = 10_000,
+    max_seconds: float = 50.0,
+    batch_size: int = 100,
+) -> RelayStats:
+    """Publish for at most ``max_seconds`` (or ``max_messages``, or until a second passes with
+    nothing due), then return: what a periodic task runs."""
+    import threading
+
+    running = relay(broker_url, batch_size=batch_size, until_idle=1.0, max_messages=max_messages)
+    timer = threading.Timer(max_seconds, running.shutdown.request)
+    timer.daemon = True
+    timer.start()
+    try:
+        return running.run()
+    finally:
+        timer.cancel()
+
+
+class OutboxCompanion:
+    """What the inbox asks of the outbox (:class:`django_inbox.companions.Companion`)."""
+
+    def collect(self, now: Any) -> OutboxStats:
+        return collect(now)
+
+    def problems(self, stats: Any, max_pending_age: float) -> list[tuple[str, float, str]]:
+        return problems(stats, max_pending_age)
+
+    def purge(self, *, older_than: float | None, batch_size: int) -> int:
+        return purge(older_than=older_than, batch_size=batch_size)
+
+    def relay(
+        self, broker_url: str, *, max_messages: int | None, max_seconds: float, batch_size: int
+    ) -> dict[str, Any]:
+        stats = relay_for(
+            broker_url, max_messages=max_messages, max_seconds=max_seconds, batch_size=batch_size
+        )
+        return {
+            "sent": stats.sent,
+            "failed": dict(stats.failed),
+            "reconnects": stats.reconnects,
+            "reached": stats.reached,
+        }

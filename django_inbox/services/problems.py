@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count, Exists, OuterRef, Q
 
+from .. import companions
 from ..gaps import GAP_PREFIX
 from ..models import InboxKey, InboxMessage
 
@@ -31,11 +32,13 @@ class Problem:
 
 
 def outbox_problems(outbox: Any, max_pending_age: float, ignore: tuple[str, ...]) -> list[Problem]:
-    from ..outbox.services import problems
-
+    """The problems in the outbox's stats ``outbox`` (none without the outbox installed)."""
+    companion = companions.outbox()
+    if companion is None:
+        return []
     return [
         Problem(kind, "", value, message)
-        for kind, value, message in problems(outbox, max_pending_age)
+        for kind, value, message in companion.problems(outbox, max_pending_age)
         if kind not in ignore
     ]
 

@@ -15,6 +15,7 @@ from typing import Any
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
+from .. import companions
 from ..conf import inbox_settings
 from ..db import statements
 from ..gaps import GAP_PREFIX
@@ -249,13 +250,8 @@ def collect(
 
 def _outbox(now: datetime) -> Any:
     """The outbox's stats, when ``django_inbox.outbox`` is installed."""
-    from django.apps import apps
-
-    if not apps.is_installed("django_inbox.outbox"):
-        return None
-    from ..outbox.services import collect as collect_outbox
-
-    return collect_outbox(now)
+    outbox = companions.outbox()
+    return None if outbox is None else outbox.collect(now)
 
 
 def estimated_rows(using: str, table: str | None = None) -> int:

@@ -94,33 +94,18 @@ def outbox_relay(
     teams that run everything under beat. Safe to overlap: relays share the work (``SKIP
     LOCKED``, a key's oldest row only). Needs ``django_inbox.outbox`` installed and an AMQP
     broker (``broker_url`` or ``INBOX_BROKER_URL``)."""
-    import threading
-
+    from ... import companions
     from ...conf import inbox_settings
-    from ...outbox.relay import Relay
 
+    outbox = companions.outbox()
+    if outbox is None:
+        raise ValueError("outbox_relay: django_inbox.outbox is not in INSTALLED_APPS")
     url = broker_url or inbox_settings.broker_url
     if not url:
         raise ValueError("outbox_relay: no broker_url and no INBOX_BROKER_URL")
-    relay = Relay(
-        url,
-        batch_size=batch_size,
-        until_idle=1.0,
-        max_messages=max_messages,
-        transport_options=inbox_settings.broker_transport_options,
+    done = outbox.relay(
+        url, max_messages=max_messages, max_seconds=max_seconds, batch_size=batch_size
     )
-    timer = threading.Timer(max_seconds, relay.shutdown.request)
-    timer.daemon = True
-    timer.start()
-    try:
-        stats = relay.run()
-    finally:
-        timer.cancel()
-    if not stats.reached:
+    if not done["reached"]:
         logger.warning("outbox_relay task: the broker was never reached; nothing was sent")
-    return {
-        "sent": stats.sent,
-        "failed": dict(stats.failed),
-        "reconnects": stats.reconnects,
-        "reached": stats.reached,
-    }
+    return done

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from ... import companions
 from ...models import InboxMessage
 from ...services import PURGEABLE, PurgeProgress, purge
 from ...wording import counted
@@ -133,9 +134,8 @@ class Command(InboxCommand):
             )
 
     def _purge_outbox(self, options: dict[str, Any]) -> None:
-        from django.apps import apps
-
-        if not apps.is_installed("django_inbox.outbox"):
+        outbox = companions.outbox()
+        if outbox is None:
             raise CommandError(
                 "--outbox: django_inbox.outbox is not in INSTALLED_APPS.", returncode=MISCONFIGURED
             )
@@ -144,8 +144,6 @@ class Command(InboxCommand):
                 "--outbox deletes sent rows only; it takes --older-than and --batch-size.",
                 returncode=MISCONFIGURED,
             )
-        from ...outbox.services import purge as purge_outbox
-
-        deleted = purge_outbox(older_than=options["older_than"], batch_size=options["batch_size"])
+        deleted = outbox.purge(older_than=options["older_than"], batch_size=options["batch_size"])
         if options["verbosity"] >= 1:
             self.stdout.write(f"inbox_purge --outbox: deleted {deleted:,} sent row(s)")

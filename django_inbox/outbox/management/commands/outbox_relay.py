@@ -18,8 +18,6 @@ from ....services import DatabaseMisconfigured
 from ....wording import counted
 from ... import services
 from ...progress import PROGRESS_EVERY, start_line
-from ...publisher import BrokerUnreachable
-from ...relay import Relay, RelayStats
 
 
 class Command(InboxCommand):
@@ -99,13 +97,12 @@ class Command(InboxCommand):
                 returncode=MISCONFIGURED,
             )
         verbose = options["verbosity"] >= 1
-        relay = Relay(
+        relay = services.relay(
             broker,
             batch_size=options["batch_size"],
             poll_interval=options["poll_interval"],
             until_idle=options["until_idle"],
             max_messages=options["max_messages"],
-            transport_options=inbox_settings.broker_transport_options,
             wait_for_broker=options["wait_for_broker"] or None,
             progress=self.stderr.write if verbose else None,
             progress_every=options["progress_every"],
@@ -115,7 +112,7 @@ class Command(InboxCommand):
         try:
             with relay.shutdown.handling_signals():
                 stats = relay.run()
-        except BrokerUnreachable as exc:
+        except services.BrokerUnreachable as exc:
             raise CommandError(f"{exc}.", returncode=MISCONFIGURED) from None
         except DatabaseMisconfigured as exc:
             raise CommandError(str(exc), returncode=MISCONFIGURED) from None
@@ -123,7 +120,7 @@ class Command(InboxCommand):
             self.stdout.write(summary(stats, relay.broker))
 
 
-def summary(stats: RelayStats, broker: str) -> str:
+def summary(stats: services.RelayStats, broker: str) -> str:
     """The line printed when the relay stops (a broker never reached, and what waits for it,
     said too: ``--until-idle`` ends a relay that never reached it only when nothing was
     pending, a signal at any time)."""
