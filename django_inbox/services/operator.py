@@ -17,7 +17,7 @@ from django.db import connections, transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from .. import gaps, history, ordering
+from .. import gaps, history, lifecycle, ordering
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxMessage
@@ -29,11 +29,11 @@ from .actions import options_of, report
 
 Status = InboxMessage.Status
 
-#: Statuses each action starts from.
-REPLAYABLE = (Status.DEAD, Status.PARKED)
-PARKABLE = (Status.RECEIVED, Status.FAILED, Status.DEAD)
-RETRYABLE = (Status.FAILED,)
-SKIPPABLE = (Status.RECEIVED, Status.FAILED, Status.DEAD, Status.PARKED, Status.WAITING)
+#: Statuses each action starts from (the row's life, :mod:`django_inbox.lifecycle`).
+REPLAYABLE = lifecycle.sources("replay")
+PARKABLE = lifecycle.sources("park")
+RETRYABLE = lifecycle.sources("retry_now")
+SKIPPABLE = lifecycle.sources("skip")
 
 
 def replay(

@@ -22,7 +22,7 @@ from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import gaps
+from .. import gaps, lifecycle
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxMessage
@@ -30,12 +30,12 @@ from .rerun import ordered_consumers
 
 Status = InboxMessage.Status
 
-#: The statuses :func:`purge` may delete, and the column their age is measured from.
+#: The statuses :func:`purge` may delete (the row's life, :mod:`django_inbox.lifecycle`), and
+#: the column their age is measured from. Stale versions an ordered consumer skipped are done,
+#: kept as long as completed rows.
 PURGEABLE = {
-    Status.COMPLETED: "processed_at",
-    # Stale versions an ordered consumer skipped: done, kept as long as completed rows.
-    Status.SKIPPED: "processed_at",
-    Status.DEAD: "updated_at",
+    status: "updated_at" if status == Status.DEAD else "processed_at"
+    for status in lifecycle.sources("purge")
 }
 
 
