@@ -92,7 +92,7 @@ def drain_in_process(
     from django.db.backends.signals import connection_created
 
     from bench.inbox_handlers import CONSUMER, NOOP_CONSUMER
-    from django_inbox.worker import Worker
+    from django_inbox.processing.worker import Worker
 
     truncate_inbox()
     store_batch(stored, label, count, noop=noop)
@@ -190,7 +190,7 @@ def run_inbox_process(workers: int) -> tuple[float, float, float]:
 
 
 def bench_drain() -> dict[str, Series]:
-    from django_inbox.worker import Worker
+    from django_inbox.processing.worker import Worker
 
     small = DRAIN_SMALL
     log(

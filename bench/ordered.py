@@ -44,7 +44,7 @@ def store_versions(consumer: str, prefix: str, count: int, *, swap_pairs: bool) 
 
 
 def drain(series: Series, consumer: str, count: int, backend: int) -> dict[str, int]:
-    from django_inbox.worker import Worker
+    from django_inbox.processing.worker import Worker
 
     worker = Worker(consumers=[consumer], until_idle=0, poll_interval=0.01)
     with measuring(series, count, backend):

@@ -91,7 +91,7 @@ def _group(filename: str, func: str) -> str:
 
 def profiles() -> dict[str, Any]:
     from bench.inbox_handlers import CONSUMER
-    from django_inbox.worker import Worker
+    from django_inbox.processing.worker import Worker
 
     drain_n = PROFILE_N * 3
     log(

@@ -61,9 +61,9 @@ def round_trips() -> dict[str, Any]:
     from django.db import connection
 
     from bench.inbox_handlers import CONSUMER
-    from django_inbox.attempts import process_claimed
-    from django_inbox.claims import claim_batch
-    from django_inbox.worker import Worker
+    from django_inbox.processing.attempts import process_claimed
+    from django_inbox.processing.claims import claim_batch
+    from django_inbox.processing.worker import Worker
 
     log("\n== round trips per message, counted on the wire (libpq trace)")
     truncate_inbox()

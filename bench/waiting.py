@@ -100,7 +100,7 @@ def _store_plain(prefix: str, count: int) -> None:
 def _sweep_ms(consumer: str) -> float:
     from django.test import override_settings
 
-    from django_inbox.gaps import park_expired_gaps
+    from django_inbox.ordered.gaps import park_expired_gaps
 
     took = []
     with override_settings(INBOX_CONSUMERS=_policy(consumer)):
@@ -116,7 +116,7 @@ def bench_waiting() -> dict[str, Any]:
 
     from bench.inbox_handlers import CONSUMER, ORDERED_CONSUMER
     from django_inbox.models import InboxKey
-    from django_inbox.worker import Worker
+    from django_inbox.processing.worker import Worker
 
     count = DRAIN_SMALL
     log(

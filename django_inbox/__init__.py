@@ -24,8 +24,8 @@ from .side_effect_threads import CarryRunExecutor, carry_run
 from .side_effects import side_effect
 
 if TYPE_CHECKING:
-    from .delivery import deliver
-    from .storing import store, store_dead
+    from .intake.delivery import deliver
+    from .intake.storing import store, store_dead
 
 __version__ = "0.1.0"
 
@@ -57,11 +57,11 @@ def __getattr__(name: str) -> Any:
     # deliver/store import the model, which needs the app registry: load them on first use so
     # `from django_inbox import inbox_handler` works in settings-time imports.
     if name == "deliver":
-        from .delivery import deliver
+        from .intake.delivery import deliver
 
         return deliver
     if name in ("store", "store_dead"):
-        from . import storing
+        from .intake import storing
 
         return getattr(storing, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -247,7 +247,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 def retry_horizon(consumer: str) -> float:
     """Seconds from a message's first attempt to its last, at worst: every backoff at its
     ceiling and every attempt running until its lease expires."""
-    from .retry import RetryPolicy
+    from .processing.retry import RetryPolicy
 
     handlers = [h for h in registry if h.consumer == consumer] or [None]
     horizon = 0.0

@@ -87,4 +87,4 @@ class LeaseLost(Exception):
 
 class ConnectionLost(Exception):
     """Recorded for an attempt the loss of the database connection cut short, once a row's
-    free interruptions are used up (see :mod:`django_inbox.interruptions`)."""
+    free interruptions are used up (see :mod:`django_inbox.processing.interruptions`)."""

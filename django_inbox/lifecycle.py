@@ -56,7 +56,7 @@ TRANSITIONS: dict[str, Transition] = {
             ),
             writes=("*",),
             by="deliver(), store(), store_dead(), inbox_consume",
-            where=("db.statements.hot.insert", "rows.insert", "storing.store"),
+            where=("db.statements.hot.insert", "intake.rows.insert", "intake.storing.store"),
         ),
         Transition(
             "claim",
@@ -67,7 +67,7 @@ TRANSITIONS: dict[str, Transition] = {
             where=(
                 "db.statements.claiming.claim_fresh",
                 "db.statements.claiming.claim_message",
-                "claims.claim_batch",
+                "processing.claims.claim_batch",
             ),
         ),
         Transition(
@@ -79,8 +79,8 @@ TRANSITIONS: dict[str, Transition] = {
             where=(
                 "db.statements.claiming.complete",
                 "db.statements.ordered.lock_apply_complete",
-                "leases.complete",
-                "ordering.complete",
+                "processing.leases.complete",
+                "ordered.ordering.complete",
             ),
         ),
         Transition(
@@ -89,7 +89,7 @@ TRANSITIONS: dict[str, Transition] = {
             targets=(Status.FAILED, Status.DEAD, Status.PARKED),
             writes=("status", "next_attempt_at", "last_error", "history", *LEASE_CLEARED),
             by="the handler raised (Retry, Reject, Park, attempts used up: retry.used_up)",
-            where=("leases.fail",),
+            where=("processing.leases.fail",),
         ),
         Transition(
             "set_aside",
@@ -104,7 +104,11 @@ TRANSITIONS: dict[str, Transition] = {
                 *LEASE_CLEARED,
             ),
             by="a worker's decision for an ordered version: wait for its predecessor, or stale",
-            where=("db.statements.ordered.set_aside", "ordering.set_aside", "leases.set_aside"),
+            where=(
+                "db.statements.ordered.set_aside",
+                "ordered.ordering.set_aside",
+                "processing.leases.set_aside",
+            ),
         ),
         Transition(
             "release_next",
@@ -112,7 +116,7 @@ TRANSITIONS: dict[str, Transition] = {
             targets=(Status.RECEIVED,),
             writes=("status", "next_attempt_at", "last_error"),
             by="an ordered key's version completed or was skipped: the next one is due",
-            where=("ordering.release_next",),
+            where=("ordered.ordering.release_next",),
         ),
         Transition(
             "give_back",
@@ -120,7 +124,11 @@ TRANSITIONS: dict[str, Transition] = {
             targets=(Status.RECEIVED, Status.FAILED),
             writes=("status", "attempts", "next_attempt_at", *LEASE_CLEARED),
             by="a graceful stop, a busy key, a lost connection: the claim's attempt taken back",
-            where=("leases.release", "leases.release_interrupted", "giving_back.release"),
+            where=(
+                "processing.leases.release",
+                "processing.leases.release_interrupted",
+                "processing.giving_back.release",
+            ),
         ),
         Transition(
             "reclaim",
@@ -135,7 +143,7 @@ TRANSITIONS: dict[str, Transition] = {
                 *LEASE_CLEARED,
             ),
             by="inbox_reclaim and a claim's take-over, once the lease expired",
-            where=("takeover.record_abandoned_attempt", "services.reclaim.reclaim"),
+            where=("processing.takeover.record_abandoned_attempt", "services.reclaim.reclaim"),
         ),
         Transition(
             "park_gap",
@@ -143,7 +151,7 @@ TRANSITIONS: dict[str, Transition] = {
             targets=(Status.PARKED,),
             writes=("status", "next_attempt_at", "last_error", "history"),
             by="the gap sweep: an ordered version waited past gap_timeout",
-            where=("gaps.park_expired_gaps",),
+            where=("ordered.gaps.park_expired_gaps",),
         ),
         Transition(
             "replay",

@@ -13,7 +13,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .db.identity import identified, identity_keywords
 from .db.json import HistoryField, StoredJSONField
-from .validation import ATTEMPTS_MAX as ATTEMPTS_MAX
+from .intake.validation import ATTEMPTS_MAX as ATTEMPTS_MAX
 
 #: Statuses a worker polls. For ``in_progress`` rows ``next_attempt_at`` is the lease expiry,
 #: so one indexed predicate (``status IN … AND next_attempt_at <= now``) finds every row

@@ -252,7 +252,7 @@ def _after_commit(state: Suppressing, callback: Any) -> Any:
         finally:
             _rerun.reset(token)
             if state.close() > done:  # written now: the attempt has committed
-                from .rows import append_history
+                from .intake.rows import append_history
 
                 # Appended to the row as it is now: another writer may have added entries
                 # since the commit (an operator's action), which writing back the history

@@ -9,7 +9,7 @@ replaces those characters *visibly*: a NUL becomes the four characters ``\\x00``
 surrogate its ``\\udXXX`` escape, so an operator reading the text sees what was there.
 
 Message ids, event types and payloads given to :func:`~django_inbox.deliver` are not cleaned
-but refused (:mod:`django_inbox.validation`): changing them would change what the message is.
+but refused (:mod:`django_inbox.intake.validation`): changing them would change what the message is.
 """
 
 from __future__ import annotations

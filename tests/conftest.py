@@ -156,9 +156,10 @@ def forget_process_memory() -> None:
     """Empty what the inbox remembers per process: the consumers in a run of duplicates,
     whether prepared statements were stopped, when each consumer last looked for expired
     leases, whether the pair's constraint exists, the interrupted rows to give back."""
-    from django_inbox import claims, delivery, interruptions
     from django_inbox.db import preparing
     from django_inbox.db.statements import common
+    from django_inbox.intake import delivery
+    from django_inbox.processing import claims, interruptions
 
     delivery._duplicate_run.clear()
     preparing.state.reset()

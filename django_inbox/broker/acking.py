@@ -20,11 +20,11 @@ from django.db import DatabaseError
 
 from ..db.connection import connection_lost, describe, keep_connection
 from ..db.outage import DatabaseMisconfigured, Outage
-from ..delivering_batches import deliver_batch
-from ..giving_back import give_back_interrupted
-from ..retry import ceiling
-from ..rows import NewRow
-from ..shutdown import Shutdown
+from ..intake.batches import deliver_batch
+from ..intake.rows import NewRow
+from ..processing.giving_back import give_back_interrupted
+from ..processing.retry import ceiling
+from ..processing.shutdown import Shutdown
 from ..text import exception_text
 from .intake import Action, Decision, Intake
 

@@ -20,10 +20,10 @@ from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from ..conf import inbox_settings
 from ..db.outage import DatabaseMisconfigured
-from ..retry import Backoff
-from ..shutdown import Shutdown
+from ..processing.retry import Backoff
+from ..processing.shutdown import Shutdown
+from ..processing.worker import Worker
 from ..text import exception_text
-from ..worker import Worker
 from .acking import Acker, ConsumeStats
 from .envelope import Envelope
 from .faults import TransportFaults
@@ -62,7 +62,7 @@ class BrokerConsumer:
             messages (default: on in ``after-process`` mode, off in ``after-store`` mode).
         commit_every: in ``after-process`` mode, deliver up to this many messages that are
             already waiting in one transaction
-            (:func:`~django_inbox.delivering_batches.deliver_batch`) and acknowledge them
+            (:func:`~django_inbox.intake.batches.deliver_batch`) and acknowledge them
             after its commit (default: the consumer's ``commit_every``).
         max_messages: stop after this many broker messages.
         until_idle: stop once no message arrived for this many seconds.

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..delivery import deliver
 from ..exceptions import InvalidMessage, InvalidMessageId, UnknownEventType
+from ..intake.delivery import deliver
+from ..intake.rows import NewRow, prepare
+from ..intake.storing import KEY_LOST, store, store_dead
 from ..registry import registry
-from ..rows import NewRow, prepare
-from ..storing import KEY_LOST, store, store_dead
 from ..text import exception_text, storable
 from . import amqp_guard
 from .envelope import Envelope, identity, raw_body

@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Callable
 
-from ..retry import Backoff
+from ..processing.retry import Backoff
 from .connection import describe, drop_connection, lost_prepared_statement, sqlstate
 
 logger = logging.getLogger("django_inbox")

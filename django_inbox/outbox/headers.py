@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..exceptions import InvalidPayload, PayloadTooLarge
-from ..validation import encode_json
+from ..intake.validation import encode_json
 
 logger = logging.getLogger("django_inbox.outbox")
 

@@ -12,8 +12,8 @@ from django.utils import timezone
 from ..conf import inbox_settings
 from ..db import on_commit, preparing
 from ..exceptions import InvalidField, InvalidPayload, PayloadTooLarge
+from ..intake.validation import clean_text, encode_json
 from ..side_effects import current_message, side_effect
-from ..validation import clean_text, encode_json
 from . import headers as amqp_headers
 from .headers import HEADERS_MAX_BYTES as HEADERS_MAX_BYTES
 from .headers import SHORT_MAX_BYTES

@@ -24,8 +24,8 @@ from django.db import DatabaseError, connections
 from ..conf import inbox_settings
 from ..db.connection import connection_lost
 from ..db.outage import misconfigured, refused_for_settings
-from ..retry import Backoff, used_up
-from ..shutdown import Shutdown
+from ..processing.retry import Backoff, used_up
+from ..processing.shutdown import Shutdown
 from ..wording import counted
 from . import rows
 from .health import anything_pending, pending_count

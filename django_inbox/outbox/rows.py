@@ -18,11 +18,11 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
-from .. import retry
 from ..db import preparing
 from ..db.statements.common import fence
+from ..intake.validation import ATTEMPTS_MAX
+from ..processing import retry
 from ..text import storable
-from ..validation import ATTEMPTS_MAX
 from .models import OutboxMessage
 from .settings import outbox_settings
 

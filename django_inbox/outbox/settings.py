@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..conf import inbox_settings
 from ..durations import to_seconds
-from ..validation import ATTEMPTS_MAX
+from ..intake.validation import ATTEMPTS_MAX
 
 
 class OutboxSettings:

@@ -17,11 +17,12 @@ from django.db import connections, transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from .. import gaps, history, lifecycle, ordering
+from .. import history, lifecycle
 from ..conf import inbox_settings
 from ..db import statements
+from ..intake.storing import KEY_LOST
 from ..models import InboxMessage
-from ..storing import KEY_LOST
+from ..ordered import gaps, ordering
 from . import rerun
 from .actions import ActionOptions as ActionOptions
 from .actions import ActionResult as ActionResult

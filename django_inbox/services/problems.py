@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Count, Exists, OuterRef, Q
 
 from .. import companions
-from ..gaps import GAP_PREFIX
 from ..models import InboxKey, InboxMessage
+from ..ordered.gaps import GAP_PREFIX
 
 if TYPE_CHECKING:
     from .stats import ConsumerStats

@@ -13,8 +13,8 @@ from ..broker.connection import (
     ConsumeStats,
 )
 from ..db.outage import DatabaseMisconfigured
-from ..giving_back import give_back_interrupted
-from ..worker import Worker, WorkerStats
+from ..processing.giving_back import give_back_interrupted
+from ..processing.worker import Worker, WorkerStats
 
 __all__ = [
     "AckMode",

@@ -22,10 +22,11 @@ from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import gaps, lifecycle
+from .. import lifecycle
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxMessage
+from ..ordered import gaps
 from .rerun import ordered_consumers
 
 Status = InboxMessage.Status
@@ -210,7 +211,7 @@ def versions() -> Q:
 
 def _delete_dead_versions(rows: Any) -> int:
     """Delete dead versions of ordered keys one at a time, each under its key's lock
-    (:func:`~django_inbox.gaps.delete_dead_version`)."""
+    (:func:`~django_inbox.ordered.gaps.delete_dead_version`)."""
     using = inbox_settings.database
     found = rows.order_by("pk").values_list("pk", "consumer", "key", "sequence")
     return sum(

@@ -1,13 +1,12 @@
 """``reclaim()`` behind ``inbox_reclaim``: rows whose worker died, given back now.
 
 Workers take over rows of dead workers on their own, once their lease expires (see
-:mod:`django_inbox.takeover`). Reclaiming does the same for rows no worker will look at soon (a
-consumer whose workers are all gone), and for operators who want them accounted for now. It
-clears the lease, so a worker that wakes up later (a ``SIGSTOP``-ped process, a long GC pause)
-finds its fenced completion matching nothing and rolls its work back. A row whose worker's open
-transaction holds it locked (an ordered consumer's version, completed before its handler) is
-not reclaimed: that worker is still running it.
-"""
+:mod:`django_inbox.processing.takeover`). Reclaiming does the same for rows no worker will look
+at soon (a consumer whose workers are all gone), and for operators who want them accounted for
+now. It clears the lease, so a worker that wakes up later (a ``SIGSTOP``-ped process, a long GC
+pause) finds its fenced completion matching nothing and rolls its work back. A row whose
+worker's open transaction holds it locked (an ordered consumer's version, completed before its
+handler) is not reclaimed: that worker is still running it."""
 
 from __future__ import annotations
 
@@ -18,10 +17,16 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import gaps, leases
 from ..conf import inbox_settings
 from ..models import InboxMessage
-from ..takeover import abandoned_status, record_abandoned_attempt, split_blame, whole_leases
+from ..ordered import gaps
+from ..processing import leases
+from ..processing.takeover import (
+    abandoned_status,
+    record_abandoned_attempt,
+    split_blame,
+    whole_leases,
+)
 
 Status = InboxMessage.Status
 
@@ -73,12 +78,12 @@ def reclaim(
     Only rows whose lease has expired are touched, never one a live worker still holds.
     ``older_than`` (seconds) adds a margin: rows claimed less than that long ago are left.
     A row of a dead worker's batch that never started goes back to due with its attempt
-    uncounted (see :func:`~django_inbox.takeover.split_blame`). Rows another process is
+    uncounted (see :func:`~django_inbox.processing.takeover.split_blame`). Rows another process is
     claiming or reclaiming at the same moment are skipped, never waited for; so is the rest of
     their dead worker's batch, which is always decided whole, in one transaction
     (``batch_size`` may be exceeded to hold it), unless the row held elsewhere is the batch's
     running one: the rows above it are decided without it
-    (:func:`~django_inbox.takeover.whole_leases`).
+    (:func:`~django_inbox.processing.takeover.whole_leases`).
     """
     using = inbox_settings.database
     result = ReclaimResult()

@@ -17,7 +17,7 @@ Later versions are re-run even when the selection did not name them: the key's s
 result of all of them, in order. Messages of the key that arrive meanwhile wait for the
 re-run to catch up. A sequence no row holds (the first run was replayed past a gap there, or
 its row was purged) is passed again: the gap sweep moves the key past it as soon as the key
-reaches it (:func:`django_inbox.gaps.park_expired_gaps`), with a ``past_gap`` history entry.
+reaches it (:func:`django_inbox.ordered.gaps.park_expired_gaps`), with a ``past_gap`` history entry.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from .. import history, ordering, waits
+from .. import history
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import InboxKey, InboxMessage
+from ..ordered import ordering, waits
 from .actions import ActionOptions, ActionResult, options_of, report
 from .rerun_plan import MAX_NOTES, NOT_APPLIED, KeyPlan, note, plan, starts, unplanned
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from django.db.models import Count, Min, QuerySet
 
-from .. import ordering
 from ..db.statements import KeyState
 from ..models import InboxKey, InboxMessage
+from ..ordered import ordering
 
 Status = InboxMessage.Status
 

@@ -9,9 +9,10 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from .. import events, history, ordering, rebuilds, waits
+from .. import events, history
 from ..conf import inbox_settings
 from ..models import InboxMessage
+from ..ordered import ordering, rebuilds, waits
 from .actions import ActionOptions, ActionResult, options_of
 from .operator import SKIPPABLE
 

@@ -18,8 +18,8 @@ from django.utils import timezone
 from .. import companions
 from ..conf import inbox_settings
 from ..db import statements
-from ..gaps import GAP_PREFIX
 from ..models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
+from ..ordered.gaps import GAP_PREFIX
 from ..registry import registry
 from .problems import PROBLEM_KINDS as PROBLEM_KINDS
 from .problems import Problem as Problem

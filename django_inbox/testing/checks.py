@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar, Unpack
 
-from ..message import MessageFields
+from ..intake.message import MessageFields
 from ..outcomes import Outcome
 from .crash import simulate_crash
 
@@ -53,7 +53,7 @@ def check_exactly_once(effect: Callable[[], T], **message: Unpack[MessageFields]
             f"processing {consumer}:{message_id} did not change the effect ({before!r}): "
             "pass an effect that reads what the handler writes"
         )
-    from ..delivery import deliver
+    from ..intake.delivery import deliver
 
     duplicate = deliver(**message)
     if duplicate != Outcome.DUPLICATE:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Unpack
 
-from ..message import MessageFields
+from ..intake.message import MessageFields
 from ..outcomes import Outcome
 from ..registry import registry
 
@@ -106,7 +106,7 @@ def simulate_crash(
     Raises ``LookupError`` if no handler is registered for the message.
     """
     from ..conf import inbox_settings
-    from ..delivery import deliver
+    from ..intake.delivery import deliver
     from ..models import InboxMessage
 
     consumer, message_id = message["consumer"], message["message_id"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Unpack
 
-from ..message import MessageFields
+from ..intake.message import MessageFields
 from ..outcomes import Outcome
 
 
@@ -18,7 +18,7 @@ def deliver_times(n: int, **message: Unpack[MessageFields]) -> list[Outcome]:
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
-    from ..delivery import deliver
+    from ..intake.delivery import deliver
 
     return [deliver(**message) for _ in range(n)]
 

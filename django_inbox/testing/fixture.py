@@ -30,14 +30,14 @@ class Inbox:
     def deliver(self) -> Callable[..., Outcome]:
         """:func:`django_inbox.deliver` (imported when first used, so this module imports
         before Django is set up)."""
-        from ..delivery import deliver
+        from ..intake.delivery import deliver
 
         return deliver
 
     @property
     def store(self) -> Callable[..., bool]:
         """:func:`django_inbox.store`: keep the message for :meth:`run_worker`."""
-        from ..storing import store
+        from ..intake.storing import store
 
         return store
 

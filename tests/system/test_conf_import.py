@@ -15,7 +15,8 @@ from tests.conftest import ROOT
 def test_import_and_decorate_without_configured_settings() -> None:
     """Importing the package and decorating a handler reads no setting and no database."""
     code = (
-        "import django_inbox, django_inbox.conf, django_inbox.registry, django_inbox.retry\n"
+        "import django_inbox, django_inbox.conf, django_inbox.registry\n"
+        "import django_inbox.processing.retry\n"
         "from django_inbox import inbox_handler\n"
         "@inbox_handler('order.placed', consumer='inventory')\n"
         "def h(message):\n"

@@ -491,7 +491,7 @@ def test_a_broker_lost_while_acking_the_open_batch_is_the_loops_not_the_next_mes
     from django_inbox.broker.acking import Acker
     from django_inbox.broker.envelope import parse
     from django_inbox.broker.intake import AckMode, Intake
-    from django_inbox.shutdown import Shutdown
+    from django_inbox.processing.shutdown import Shutdown
 
     with brokers.declared_queue("ack-lost") as queue:
         brokers.publish(

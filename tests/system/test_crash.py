@@ -18,9 +18,9 @@ from django.utils import timezone
 from effects.models import Effect
 
 from django_inbox import Outcome, deliver, store
-from django_inbox.attempts import process_claimed
-from django_inbox.claims import claim_batch
 from django_inbox.models import InboxMessage
+from django_inbox.processing.attempts import process_claimed
+from django_inbox.processing.claims import claim_batch
 from tests.conftest import ROOT, restart_until_it_survives
 from tests.effects import effect_counts, lost_and_doubled
 

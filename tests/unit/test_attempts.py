@@ -11,9 +11,9 @@ from django.db import transaction
 from effects.models import Effect
 
 from django_inbox import Outcome, deliver, store
-from django_inbox.delivering_batches import deliver_batch
+from django_inbox.intake.batches import deliver_batch
+from django_inbox.intake.rows import prepare
 from django_inbox.models import InboxMessage
-from django_inbox.rows import prepare
 from django_inbox.services import process_due
 from tests.conftest import handler
 

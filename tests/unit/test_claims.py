@@ -11,9 +11,10 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_inbox import leases, store
-from django_inbox.claims import claim_batch
+from django_inbox import store
 from django_inbox.models import InboxMessage
+from django_inbox.processing import leases
+from django_inbox.processing.claims import claim_batch
 from tests.plans import explain, indexes, rows_read, take_statistics
 
 pytestmark = pytest.mark.django_db(transaction=True)

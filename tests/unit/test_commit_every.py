@@ -7,7 +7,7 @@ from django.test import override_settings
 
 from django_inbox import store
 from django_inbox.models import InboxMessage
-from django_inbox.worker import Worker
+from django_inbox.processing.worker import Worker
 from tests.effects import lost_and_doubled
 
 Status = InboxMessage.Status

@@ -9,10 +9,10 @@ from django.db import DatabaseError, connection, transaction
 from effects.models import Effect
 
 from django_inbox import Outcome, deliver, store
-from django_inbox.attempts import process_claimed
-from django_inbox.claims import claim_batch
 from django_inbox.models import InboxMessage
-from django_inbox.worker import Worker
+from django_inbox.processing.attempts import process_claimed
+from django_inbox.processing.claims import claim_batch
+from django_inbox.processing.worker import Worker
 from tests.effects import effect_counts
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -32,7 +32,7 @@ from django_inbox.models import InboxMessage
 from django_inbox.outbox import publish
 from django_inbox.outbox import rows as outbox_rows
 from django_inbox.outbox.models import OutboxMessage
-from django_inbox.worker import Worker
+from django_inbox.processing.worker import Worker
 from tests.plans import indexes, rows_read, take_statistics
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

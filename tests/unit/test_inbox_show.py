@@ -11,8 +11,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_inbox import Outcome, deliver
-from django_inbox.gaps import park_expired_gaps
 from django_inbox.models import InboxMessage
+from django_inbox.ordered.gaps import park_expired_gaps
 from django_inbox.services import replay, select
 from tests.unit.test_ordering import ordered_policy, send
 

@@ -17,9 +17,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_inbox import lifecycle
-from django_inbox.claims import claim_batch
 from django_inbox.lifecycle import DELETED, TRANSITIONS
 from django_inbox.models import POLLED_STATUSES, InboxMessage
+from django_inbox.processing.claims import claim_batch
 from django_inbox.services import park, purge, replay, retry_now, skip
 
 Status = InboxMessage.Status

@@ -15,8 +15,9 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from effects import inbox_handlers
 
-from django_inbox import Outcome, waits
+from django_inbox import Outcome
 from django_inbox.models import InboxKey, InboxMessage
+from django_inbox.ordered import waits
 from django_inbox.services import collect, operator, purge, select, skipping
 from django_inbox.services.rerun_progress import rerun_blocked, rerun_left
 from tests.plans import explain, rows_read, take_statistics

@@ -39,11 +39,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from django_inbox import deliver, store
-from django_inbox.gaps import park_expired_gaps
 from django_inbox.models import InboxKey, InboxMessage
+from django_inbox.ordered.gaps import park_expired_gaps
+from django_inbox.ordered.waits import RUNNABLE
+from django_inbox.processing.worker import Worker
 from django_inbox.services import collect, operator, purge, reclaim, select, skipping
-from django_inbox.waits import RUNNABLE
-from django_inbox.worker import Worker
 from tests.conftest import handler
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -18,11 +18,12 @@ from django.utils import timezone
 from effects import inbox_handlers
 from effects.models import Projection
 
-from django_inbox import Outcome, deliver, ordering, store
-from django_inbox.gaps import park_expired_gaps
+from django_inbox import Outcome, deliver, store
 from django_inbox.models import InboxKey, InboxMessage
+from django_inbox.ordered import ordering
+from django_inbox.ordered.gaps import park_expired_gaps
+from django_inbox.processing.worker import Worker
 from django_inbox.services import collect, operator, purge, select, skipping
-from django_inbox.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = InboxMessage.Status

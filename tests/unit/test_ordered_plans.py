@@ -11,9 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_inbox import gaps, ordering
 from django_inbox.db import statements
 from django_inbox.models import InboxMessage
+from django_inbox.ordered import gaps, ordering
 from tests.plans import explain, indexes, rows_read, take_statistics
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -14,11 +14,11 @@ from django.utils import timezone
 from effects.models import OrderedRun
 
 from django_inbox import InvalidField, Outcome, deliver, store
-from django_inbox.gaps import GAP_PREFIX, park_expired_gaps
 from django_inbox.models import InboxKey, InboxMessage
+from django_inbox.ordered.gaps import GAP_PREFIX, park_expired_gaps
+from django_inbox.processing.worker import Worker
 from django_inbox.services import collect, operator, skipping
 from django_inbox.services.reclaim import reclaim
-from django_inbox.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = InboxMessage.Status
@@ -431,7 +431,7 @@ def test_a_forced_re_run_of_a_completed_version_rewinds_its_key_and_runs_in_orde
 
 
 def test_concurrent_sweeps_park_a_gap_once() -> None:
-    from django_inbox import gaps
+    from django_inbox.ordered import gaps
 
     with ordered_policy(gap_timeout=0.05):
         send("K", 1)
@@ -462,7 +462,7 @@ def test_the_oldest_waiting_age_counts_from_arrival() -> None:
 
 
 def test_deliver_runs_a_bounded_chain_and_leaves_the_rest_due() -> None:
-    from django_inbox.delivery import INLINE_RELEASED
+    from django_inbox.intake.delivery import INLINE_RELEASED
 
     for n in range(2, INLINE_RELEASED + 5):
         assert send("K", n) == Outcome.WAITING
@@ -492,7 +492,7 @@ def test_a_version_failing_in_a_worker_leaves_its_row_its_key_and_its_successor_
 
 
 def _claimed(message_id: str) -> InboxMessage:
-    from django_inbox.claims import claim_batch
+    from django_inbox.processing.claims import claim_batch
 
     (claimed,) = claim_batch(CONSUMER, 1, message_id=message_id)
     return claimed
@@ -509,7 +509,7 @@ def test_a_keys_next_version_is_completed_before_its_handler_and_nothing_follows
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_inbox.attempts import attempt
+    from django_inbox.processing.attempts import attempt
 
     put("K", 1)
     drain()
@@ -536,7 +536,7 @@ def test_a_version_whose_lease_was_taken_over_is_not_run() -> None:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_inbox.attempts import process_claimed
+    from django_inbox.processing.attempts import process_claimed
 
     put("K", 1)
     drain()
@@ -559,7 +559,7 @@ def test_a_worker_moves_on_from_a_key_another_transaction_is_running() -> None:
     K-3 gives it back at once instead of waiting for that transaction to end."""
     from django.db import connection, connections
 
-    from django_inbox.attempts import process_claimed
+    from django_inbox.processing.attempts import process_claimed
 
     put("K", 1)
     drain()
@@ -594,7 +594,7 @@ def test_a_running_versions_batch_mates_are_taken_over_when_their_lease_runs_out
     without an attempt counted, while A-2 is left to the worker running it."""
     from django.db import connections
 
-    from django_inbox.claims import claim_batch
+    from django_inbox.processing.claims import claim_batch
 
     put("A", 1)
     put("B", 1)

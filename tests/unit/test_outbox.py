@@ -18,8 +18,8 @@ from django_inbox import deliver
 from django_inbox.models import InboxMessage
 from django_inbox.outbox import publish
 from django_inbox.outbox.models import OutboxMessage
+from django_inbox.processing.worker import Worker
 from django_inbox.services import collect, operator, select
-from django_inbox.worker import Worker
 from tests.conftest import handler
 
 pytestmark = pytest.mark.django_db(transaction=True)

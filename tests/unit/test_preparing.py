@@ -133,8 +133,9 @@ def test_only_prepared_statement_trouble_stops_preparing() -> None:
 def test_a_worker_that_loses_a_prepared_statement_tries_again_at_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from django_inbox import claims, store
-    from django_inbox.worker import Worker
+    from django_inbox import store
+    from django_inbox.processing import claims
+    from django_inbox.processing.worker import Worker
 
     def drain() -> dict[str, int]:
         return dict(Worker(["effects"], until_idle=0, poll_interval=0.01).run().outcomes)
@@ -164,7 +165,7 @@ def test_prepared_reads_give_timestamps_in_the_connections_time_zone_as_it_chang
     aware datetimes; switched off on the same connection, as naive ones (as the ORM reads
     them); on again, aware. The cursor's time zone follows Django's connection's."""
     from django_inbox import store
-    from django_inbox.claims import claim_batch
+    from django_inbox.processing.claims import claim_batch
 
     for n in range(6):
         store(consumer="effects", message_id=f"tz-{n}", event_type="effect.write", payload={})

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from django_inbox import claims, interruptions
 from django_inbox.db.statements import common
 from django_inbox.models import InboxMessage
+from django_inbox.processing import claims, interruptions
 
 pytestmark = pytest.mark.django_db
 

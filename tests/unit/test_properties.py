@@ -131,7 +131,7 @@ def test_deliver_refuses_cleanly_or_keeps_one_visible_row(
 def test_store_then_a_worker_never_leaves_a_row_stuck(
     message_id: Any, event_type: Any, payload: Any, headers: Any, error: str
 ) -> None:
-    from django_inbox.worker import Worker
+    from django_inbox.processing.worker import Worker
 
     _reset()
     _error_text[0] = error

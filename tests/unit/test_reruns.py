@@ -18,10 +18,10 @@ from effects.models import Effect, Projection
 
 from django_inbox import Outcome, deliver, side_effect, signals, store
 from django_inbox.checks import check_settings
-from django_inbox.gaps import park_expired_gaps
 from django_inbox.models import InboxKey, InboxMessage
+from django_inbox.ordered.gaps import park_expired_gaps
+from django_inbox.processing.worker import Worker
 from django_inbox.services import operator, select, skipping
-from django_inbox.worker import Worker
 from tests.conftest import handler
 
 pytestmark = pytest.mark.django_db(transaction=True)

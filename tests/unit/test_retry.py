@@ -1,4 +1,5 @@
-"""``django_inbox.retry``: effective policy per handler, and exponential backoff with jitter."""
+"""``django_inbox.processing.retry``: effective policy per handler, and exponential backoff
+with jitter."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import random
 import pytest
 from django.test import override_settings
 
+from django_inbox.processing.retry import RetryPolicy
 from django_inbox.registry import Handler
-from django_inbox.retry import RetryPolicy
 
 
 def noop(message: object) -> None:
@@ -161,7 +162,7 @@ def test_retry_accepts_the_longest_schedulable_delay() -> None:
 @pytest.mark.parametrize("failures", [1, 2, 10, 1_025, 1_026, 10**6, 2**63])
 def test_every_wait_of_the_inbox_is_the_same_capped_doubling(failures: int) -> None:
     from django_inbox.outbox.rows import backoff
-    from django_inbox.retry import ceiling
+    from django_inbox.processing.retry import ceiling
 
     policy = RetryPolicy(max_attempts=10, backoff_base=0.5, backoff_max=30.0, lease=60.0)
     assert policy.ceiling(failures) == ceiling(failures, 0.5, 30.0)
@@ -170,7 +171,7 @@ def test_every_wait_of_the_inbox_is_the_same_capped_doubling(failures: int) -> N
 
 
 def test_a_reconnect_backoff_without_jitter_doubles_to_its_cap_and_resets() -> None:
-    from django_inbox.retry import Backoff
+    from django_inbox.processing.retry import Backoff
 
     backoff = Backoff(0.5, 10.0, jitter=False)
     assert backoff.upcoming == 0.5
@@ -180,7 +181,7 @@ def test_a_reconnect_backoff_without_jitter_doubles_to_its_cap_and_resets() -> N
 
 
 def test_a_reconnect_backoff_with_jitter_waits_in_the_upper_half_of_its_ceiling() -> None:
-    from django_inbox.retry import Backoff
+    from django_inbox.processing.retry import Backoff
 
     random.seed(7)
     for _ in range(50):
@@ -198,7 +199,7 @@ def test_a_reconnect_backoff_with_jitter_waits_in_the_upper_half_of_its_ceiling(
     [(0, 1, False), (1, 1, True), (4, 5, False), (5, 5, True), (6, 5, True), (2**31 - 1, 3, True)],
 )
 def test_attempts_are_used_up_at_the_maximum(attempts: int, max_attempts: int, used: bool) -> None:
-    from django_inbox.retry import used_up
+    from django_inbox.processing.retry import used_up
 
     assert used_up(attempts, max_attempts) is used
     policy = RetryPolicy(max_attempts=max_attempts, backoff_base=1, backoff_max=1, lease=60.0)

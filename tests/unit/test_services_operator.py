@@ -709,7 +709,7 @@ def test_a_message_kept_dead_without_its_key_is_not_replayed_in_an_ordered_consu
     """Its key could not be stored as it arrived, so it was blanked (cut or cleaned, two keys
     could have become one): replayed, it would run as an unkeyed message, outside the order
     of the key it named. In a consumer that does not order by key, the key does not matter."""
-    from django_inbox.storing import store_dead
+    from django_inbox.intake.storing import store_dead
 
     for consumer, message_id in (("ordered", "lost-ordered"), ("effects", "lost-plain")):
         store_dead(

@@ -15,9 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_inbox import store
-from django_inbox.claims import claim_batch
 from django_inbox.db import statements
 from django_inbox.models import InboxMessage
+from django_inbox.processing.claims import claim_batch
 from django_inbox.services.purge import purge
 from django_inbox.services.selection import count_by_status, find, select
 from tests.plans import explain, indexes, rows_read, take_statistics

@@ -20,8 +20,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_inbox import store
-from django_inbox.claims import claim_batch
 from django_inbox.models import InboxMessage
+from django_inbox.processing.claims import claim_batch
 from django_inbox.services.reclaim import reclaim
 from tests.plans import explain, rows_read, take_statistics
 

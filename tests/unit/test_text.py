@@ -16,10 +16,10 @@ from effects.models import Effect
 
 from django_inbox import InvalidMessage, Outcome, deliver, store, store_dead
 from django_inbox.exceptions import UnknownConsumer
+from django_inbox.intake.storing import KEY_LOST
 from django_inbox.models import InboxMessage
-from django_inbox.storing import KEY_LOST
+from django_inbox.processing.worker import Worker
 from django_inbox.text import storable, storable_json
-from django_inbox.worker import Worker
 from tests.conftest import handler
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""``django_inbox.validation``: bad input is refused before anything is stored."""
+"""``django_inbox.intake.validation``: bad input is refused before anything is stored."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from django_inbox.exceptions import (
     PayloadTooLarge,
     UnknownEventType,
 )
-from django_inbox.validation import (
+from django_inbox.intake.validation import (
     MESSAGE_ID_MAX,
     clean_message_id,
     clean_text,

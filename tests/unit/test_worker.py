@@ -19,8 +19,8 @@ from effects.models import Effect
 
 from django_inbox import Outcome, Retry, deliver, store
 from django_inbox.models import InboxMessage
+from django_inbox.processing.retry import RetryPolicy
 from django_inbox.registry import registry
-from django_inbox.retry import RetryPolicy
 from django_inbox.services import process_due
 from tests.conftest import handler
 

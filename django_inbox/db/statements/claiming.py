@@ -119,7 +119,8 @@ def _claimed_rows(found: list[Any], using: str) -> list[InboxMessage]:
 def completion_sql(quote: Any, table: str, condition: str = "") -> str:
     """The fenced completion of a claimed row, ``condition`` added to its ``WHERE``.
     Parameters: now (``processed_at``), now (``updated_at``), the row's id, its lease id. The
-    lease alone is the fence (see :mod:`django_inbox.leases`: no ``status`` condition)."""
+    lease alone is the fence (see :mod:`django_inbox.processing.leases`: no ``status``
+    condition)."""
     return (
         f"UPDATE {table} SET {quote('status')} = {status_literal(Status.COMPLETED)}, "
         f"{quote('processed_at')} = %s, {quote('updated_at')} = %s, "
@@ -131,7 +132,7 @@ def completion_sql(quote: Any, table: str, condition: str = "") -> str:
 
 def complete(pk: int, lease_id: str, now: datetime, using: str) -> bool:
     """Mark a claimed row completed if ``lease_id`` still holds it: the fence of
-    :func:`django_inbox.leases.fenced`, written out for the hot path."""
+    :func:`django_inbox.processing.leases.fenced`, written out for the hot path."""
     connection = connections[using]
     sql = cached_sql(
         using,

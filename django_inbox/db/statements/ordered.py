@@ -2,7 +2,7 @@
 worker, the key's lock with the claimed version's apply, completion and the next version's
 release, before the handler; the completions that release the next version; setting a version
 aside. Each is one round trip; the key's own row is :mod:`.keys`, and other databases go
-through the ORM (:mod:`django_inbox.ordering`)."""
+through the ORM (:mod:`django_inbox.ordered.ordering`)."""
 
 from __future__ import annotations
 

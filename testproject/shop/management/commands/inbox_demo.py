@@ -23,7 +23,7 @@ from kombu import Connection, Queue
 
 from django_inbox.broker.connection import AckMode, BrokerConsumer, ConsumeStats
 from django_inbox.models import InboxMessage
-from django_inbox.worker import Worker
+from django_inbox.processing.worker import Worker
 from shop.models import Payment, Stock
 
 SKUS = ["MUG-01", "TEE-02", "CAP-03", "PEN-04", "BAG-05"]

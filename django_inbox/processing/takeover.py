@@ -11,11 +11,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import events, history, leases
-from .models import InboxMessage
-from .registry import registry
+from .. import events, history
+from ..models import InboxMessage
+from ..registry import registry
+from ..wording import counted
+from . import leases
 from .retry import RetryPolicy
-from .wording import counted
 
 Status = InboxMessage.Status
 

@@ -1,11 +1,11 @@
 """``deliver()``: one message stored and processed inline (several at once:
-:mod:`django_inbox.delivering_batches`).
+:mod:`django_inbox.intake.batches`).
 
 A new message's row is inserted already ``completed``, in the handler's own transaction: one
 statement more than the bare handler, and a duplicate costs no handler run. What cannot be
 done in that one transaction (a failure, a redelivery the inbox has no record of, a row that
-already exists) goes through the claimed path of :mod:`django_inbox.claims` and
-:mod:`django_inbox.attempts`.
+already exists) goes through the claimed path of :mod:`django_inbox.processing.claims` and
+:mod:`django_inbox.processing.attempts`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,15 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import events, history, holding, interruptions, ordering
-from .attempts import (
+from .. import events, history
+from ..conf import inbox_settings
+from ..db import statements
+from ..db.connection import connection_lost
+from ..models import InboxMessage
+from ..ordered import holding, ordering
+from ..outcomes import Outcome
+from ..processing import interruptions
+from ..processing.attempts import (
     attempt,
     failure,
     failure_outcome,
@@ -28,16 +35,11 @@ from .attempts import (
     run_handler,
     run_released,
 )
-from .claims import claim_batch
-from .commits import committing
-from .conf import inbox_settings
-from .db import statements
-from .db.connection import connection_lost
-from .giving_back import give_back_interrupted
-from .models import InboxMessage
-from .outcomes import Outcome
-from .registry import Handler, registry
-from .retry import RetryPolicy
+from ..processing.claims import claim_batch
+from ..processing.commits import committing
+from ..processing.giving_back import give_back_interrupted
+from ..processing.retry import RetryPolicy
+from ..registry import Handler, registry
 from .rows import (
     NewRow,
     fresh,
@@ -102,7 +104,7 @@ def deliver(
         key: ordering or partition key.
         sequence: the key's version (an int from 1), for consumers with ``"ordered": True``:
             they run a key's messages one at a time in ascending sequence, skip stale ones
-            and hold back those after a gap (see :mod:`django_inbox.ordering`).
+            and hold back those after a gap (see :mod:`django_inbox.ordered.ordering`).
         redelivered: the broker says it delivered this message before (AMQP ``redelivered``,
             a delivery count). If the inbox has no row for it, the earlier delivery died
             before committing, perhaps killed by this very message: that attempt is counted,

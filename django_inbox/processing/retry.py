@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .conf import inbox_settings
-from .registry import Handler
+from ..conf import inbox_settings
+from ..registry import Handler
 
 #: The doubling stops here: ``2.0 ** 1000`` is a float, an ``int`` power of two past 1,024
 #: bits is not one (``OverflowError``), and every cap is far below it anyway.

@@ -9,15 +9,16 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import events, history, rows
-from .attempts import no_handler_reason
-from .conf import inbox_settings
-from .exceptions import InvalidMessage, Reject, UnknownConsumer, UnknownEventType
-from .models import InboxMessage
-from .outcomes import Outcome
-from .registry import registry
+from .. import events, history
+from ..conf import inbox_settings
+from ..exceptions import InvalidMessage, Reject, UnknownConsumer, UnknownEventType
+from ..models import InboxMessage
+from ..outcomes import Outcome
+from ..processing.attempts import no_handler_reason
+from ..registry import registry
+from ..text import cut, storable, storable_json
+from . import rows
 from .rows import NewRow
-from .text import cut, storable, storable_json
 from .validation import (
     CONSUMER_MAX,
     TEXT_MAX,

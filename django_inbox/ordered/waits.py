@@ -3,10 +3,10 @@
 A version waits either behind a predecessor that exists (its sequence minus one, in a status
 that can still run: it runs, is skipped, fails or is set aside, and an operator resolves it) or
 behind a gap (no such row). Only a gap needs the sweep
-(:func:`django_inbox.gaps.park_expired_gaps`): such a row gets its gap deadline in
+(:func:`django_inbox.ordered.gaps.park_expired_gaps`): such a row gets its gap deadline in
 ``next_attempt_at``. A row behind an existing predecessor has none and costs nothing until its
 predecessor is applied and releases it (or, if that predecessor is deleted, until
-:func:`django_inbox.gaps.rearm_orphans` gives it a deadline again).
+:func:`django_inbox.ordered.gaps.rearm_orphans` gives it a deadline again).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q, QuerySet
 
-from .conf import inbox_settings
-from .models import InboxMessage
+from ..conf import inbox_settings
+from ..models import InboxMessage
 
 Status = InboxMessage.Status
 

@@ -15,12 +15,12 @@ from django.db.models import F, QuerySet, Value
 from django.db.models.functions import Least
 from django.utils import timezone
 
+from ..conf import inbox_settings
+from ..db import statements
+from ..db.aside import with_status
+from ..db.connection import connection_lost
+from ..models import ATTEMPTS_MAX, POLLED_STATUSES, InboxMessage
 from . import interruptions, leases
-from .conf import inbox_settings
-from .db import statements
-from .db.aside import with_status
-from .db.connection import connection_lost
-from .models import ATTEMPTS_MAX, POLLED_STATUSES, InboxMessage
 from .takeover import take_over
 
 Status = InboxMessage.Status
@@ -47,12 +47,13 @@ def claim_batch(
     """Claim up to ``limit`` due rows of ``consumer`` and return them, attempt counted.
 
     Due rows are ``received`` ones, ``failed`` ones whose ``next_attempt_at`` has come and
-    ``in_progress`` ones whose lease expired (see :func:`~django_inbox.takeover.take_over`).
+    ``in_progress`` ones whose lease expired (see
+    :func:`~django_inbox.processing.takeover.take_over`).
     The returned rows must be processed in the order given (by primary key): the take-over
     relies on it to tell which row of a dead worker's batch was running. ``message_id``
     restricts the claim to that one message. ``shared_transaction`` marks the batch for
-    :func:`~django_inbox.attempts.process_batch`, unless it takes over rows of a dead worker:
-    those are always run one transaction each.
+    :func:`~django_inbox.processing.attempts.process_batch`, unless it takes over rows of a
+    dead worker: those are always run one transaction each.
     """
     using = using or inbox_settings.database
     lease_id = leases.new_lease_id(shared=shared_transaction)

@@ -11,14 +11,14 @@ from typing import Any, TypeVar, Unpack
 
 from django.db import connections
 
-from . import events
-from .conf import inbox_settings
-from .db import statements
-from .db.statements import NewRow
-from .exceptions import InvalidPayload
+from .. import events
+from ..conf import inbox_settings
+from ..db import statements
+from ..db.statements import NewRow
+from ..exceptions import InvalidPayload
+from ..models import InboxMessage
+from ..text import storable_json
 from .message import MessageFields
-from .models import InboxMessage
-from .text import storable_json
 from .validation import CONSUMER_MAX, clean_message_id, clean_sequence, clean_text, encode_json
 
 __all__ = [
@@ -141,7 +141,7 @@ def append_history(pk: int, entries: list[dict[str, Any]], using: str) -> None:
     writer added meanwhile is kept."""
     from django.db import transaction
 
-    from . import history
+    from .. import history
 
     if not entries:
         return

@@ -25,10 +25,10 @@ from django.db.models import Case, F, QuerySet, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from . import history
-from .db import statements
-from .db.statements.common import fence
-from .models import InboxMessage
+from .. import history
+from ..db import statements
+from ..db.statements.common import fence
+from ..models import InboxMessage
 
 Status = InboxMessage.Status
 

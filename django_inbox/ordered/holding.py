@@ -1,6 +1,6 @@
 """A worker's decision for a claimed version of an ordered consumer, in its transaction: run
 it, skip it (stale, or an operator's skip), set it aside to wait, or give it back when another
-transaction holds its key. The rules are :mod:`django_inbox.ordering`'s."""
+transaction holds its key. The rules are :mod:`django_inbox.ordered.ordering`'s."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from . import events, leases, ordering, rebuilds, waits
-from .db.statements import NewRow
-from .exceptions import LeaseLost
-from .models import InboxMessage
+from .. import events
+from ..db.statements import NewRow
+from ..exceptions import LeaseLost
+from ..models import InboxMessage
+from ..outcomes import Outcome
+from ..processing import leases
+from . import ordering, rebuilds, waits
 from .ordering import Verdict
-from .outcomes import Outcome
 
 Status = InboxMessage.Status
 

@@ -9,16 +9,17 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from . import gaps, interruptions, waits
+from ..conf import inbox_settings
+from ..db.connection import connection_lost, keep_connection
+from ..db.outage import Outage
+from ..models import InboxMessage
+from ..ordered import gaps, waits
+from ..registry import registry
+from . import interruptions
 from .attempts import process_batch, run_released
 from .claims import claim_batch
-from .conf import inbox_settings
-from .db.connection import connection_lost, keep_connection
-from .db.outage import Outage
 from .giving_back import give_back_interrupted, release
 from .leases import is_shared
-from .models import InboxMessage
-from .registry import registry
 from .shutdown import Shutdown
 
 logger = logging.getLogger("django_inbox")
@@ -26,7 +27,7 @@ logger = logging.getLogger("django_inbox")
 #: Seconds between two looks for ordered consumers' gaps past their timeout.
 GAP_SWEEP_EVERY = 1.0
 #: Seconds between two looks for ordered versions waiting behind a predecessor that was
-#: deleted (:func:`~django_inbox.gaps.rearm_orphans`): a safety net, as nothing should leave
+#: deleted (:func:`~django_inbox.ordered.gaps.rearm_orphans`): a safety net, as nothing should leave
 #: one.
 REARM_EVERY = 300.0
 
@@ -51,7 +52,7 @@ class Worker:
         until_idle: stop once nothing was due for this many seconds (``0``: when drained).
         poll_interval: sleep between polls when nothing is due.
         commit_every: run this many messages per transaction (overrides each consumer's
-            ``commit_every`` policy; see :func:`~django_inbox.attempts.process_batch`).
+            ``commit_every`` policy; see :func:`~django_inbox.processing.attempts.process_batch`).
         shutdown: stop requests (signals); a new one when ``None``.
     """
 
@@ -95,7 +96,7 @@ class Worker:
         """Claim and process one batch per consumer; return how many messages were handled.
 
         Raises the database's error if the connection is lost; the rows this pass held are
-        then noted for :func:`~django_inbox.giving_back.give_back_interrupted`.
+        then noted for :func:`~django_inbox.processing.giving_back.give_back_interrupted`.
         """
         handled = 0
         solo, self._solo = self._solo, False

@@ -5,8 +5,8 @@ backend was terminated, the network dropped, no connection slot was left), nothi
 running attempt committed, and it was not the handler's fault. The process cannot say so
 while the database is away, so it notes the rows here (and the lease of a claim whose reply
 was lost) and gives them back as soon as it reaches the database again
-(:func:`django_inbox.giving_back.give_back_interrupted`): due now, attempt uncounted, and for
-the row that was running an ``interrupted`` entry in its history.
+(:func:`django_inbox.processing.giving_back.give_back_interrupted`): due now, attempt
+uncounted, and for the row that was running an ``interrupted`` entry in its history.
 
 A handler that kills its own connection every time must not loop for ever: a row's first
 ``max_attempts`` interruptions are free, later ones count as failed attempts.
@@ -17,8 +17,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from .models import InboxMessage
-from .text import cut, exception_message
+from ..models import InboxMessage
+from ..text import cut, exception_message
 
 
 @dataclass

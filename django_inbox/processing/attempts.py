@@ -1,11 +1,11 @@
 """One attempt of a claimed row: the handler's call, its commit, and what a failure becomes.
 
 The handler's writes and the ``completed`` status commit in one transaction, fenced on the
-row's lease (:mod:`django_inbox.leases`). A handler exception rolls the writes back and is
-recorded in a transaction of its own: ``failed`` with a backoff, ``dead`` or ``parked``. A lost
-database connection is not the handler's failure: it is raised to the caller, which gives the
+row's lease (:mod:`django_inbox.processing.leases`). A handler exception rolls the writes back
+and is recorded in a transaction of its own: ``failed`` with a backoff, ``dead`` or ``parked``.
+A lost database connection is not the handler's failure: it is raised to the caller, which gives the
 row back once the database answers
-(:func:`~django_inbox.giving_back.give_back_interrupted`).
+(:func:`~django_inbox.processing.giving_back.give_back_interrupted`).
 """
 
 from __future__ import annotations
@@ -20,15 +20,17 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import events, history, holding, interruptions, leases, ordering, rebuilds, side_effects
+from .. import events, history, side_effects
+from ..conf import inbox_settings
+from ..db.connection import connection_lost, transaction_aborted
+from ..db.json import unreadable
+from ..exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted, UnreadableMessage
+from ..models import InboxMessage
+from ..ordered import holding, ordering, rebuilds
+from ..outcomes import Outcome
+from ..registry import Handler, registry
+from . import interruptions, leases
 from .commits import committing
-from .conf import inbox_settings
-from .db.connection import connection_lost, transaction_aborted
-from .db.json import unreadable
-from .exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted, UnreadableMessage
-from .models import InboxMessage
-from .outcomes import Outcome
-from .registry import Handler, registry
 from .retry import RetryPolicy
 
 logger = logging.getLogger("django_inbox")

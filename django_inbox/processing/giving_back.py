@@ -1,19 +1,21 @@
 """Claimed rows given back unrun: a worker's unstarted rows on a graceful stop
 (:func:`release`), and what a lost database connection cut short, once the database answers
-again (:func:`give_back_interrupted`, from the notes of :mod:`django_inbox.interruptions`)."""
+again (:func:`give_back_interrupted`, from the notes of
+:mod:`django_inbox.processing.interruptions`)."""
 
 from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
 
-from . import history, interruptions, leases
+from .. import history
+from ..conf import inbox_settings
+from ..exceptions import ConnectionLost
+from ..models import InboxMessage
+from ..outcomes import Outcome
+from ..registry import registry
+from . import interruptions, leases
 from .attempts import record_failure
-from .conf import inbox_settings
-from .exceptions import ConnectionLost
-from .models import InboxMessage
-from .outcomes import Outcome
-from .registry import registry
 from .retry import RetryPolicy
 
 
@@ -26,7 +28,7 @@ def release(messages: list[InboxMessage], *, using: str | None = None) -> int:
 
 
 def give_back_interrupted(using: str | None = None) -> int:
-    """Give back the rows noted in :mod:`~django_inbox.interruptions`; return how many.
+    """Give back the rows noted in :mod:`~django_inbox.processing.interruptions`; return how many.
 
     Call once the database answers again. Rows that were waiting are due now with their
     attempt uncounted; the row that was running gets an ``interrupted`` history entry, free

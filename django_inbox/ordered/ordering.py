@@ -11,8 +11,8 @@ message of such a consumer is taken in a transaction that holds that row's lock
 - ``sequence > applied + 1``: a gap (or an earlier version still failing). The row is
   ``waiting``, with its gap deadline in ``next_attempt_at``; it runs once its predecessor is
   applied. Past the deadline with no version for the missing sequence that can still run, it
-  is ``parked`` (:func:`django_inbox.gaps.park_expired_gaps`); a replay of it then runs it
-  past the gap (:func:`django_inbox.gaps.jump_gap`).
+  is ``parked`` (:func:`django_inbox.ordered.gaps.park_expired_gaps`); a replay of it then runs it
+  past the gap (:func:`django_inbox.ordered.gaps.jump_gap`).
 - no ``sequence``: the handler runs, one at a time with the key's other messages; ``applied``
   does not move.
 
@@ -32,12 +32,12 @@ from typing import Any
 from django.db import connections
 from django.utils import timezone
 
-from . import leases
-from .conf import inbox_settings
-from .db import statements
-from .db.aside import with_status
-from .db.statements import KeyState
-from .models import InboxKey, InboxMessage
+from ..conf import inbox_settings
+from ..db import statements
+from ..db.aside import with_status
+from ..db.statements import KeyState
+from ..models import InboxKey, InboxMessage
+from ..processing import leases
 
 logger = logging.getLogger("django_inbox")
 Status = InboxMessage.Status

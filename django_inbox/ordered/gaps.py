@@ -1,7 +1,7 @@
 """Ordered consumers' gaps: waiting versions whose predecessor never came are parked after
 ``gap_timeout`` (:func:`park_expired_gaps`, called by ``inbox_process`` and ``inbox_reclaim``),
 and an operator's replay of one moves its key past the gap (:func:`jump_gap`). Every decision
-is taken under the key's lock, as in :mod:`django_inbox.ordering`."""
+is taken under the key's lock, as in :mod:`django_inbox.ordered.ordering`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from django.db import transaction
 from django.db.models import Exists, F, Min, OuterRef, QuerySet
 from django.utils import timezone
 
-from . import events, history
-from .conf import inbox_settings
-from .db.aside import with_status
-from .models import InboxKey, InboxMessage
+from .. import events, history
+from ..conf import inbox_settings
+from ..db.aside import with_status
+from ..models import InboxKey, InboxMessage
 from .ordering import Verdict, decide, lock, release_next, skip_entry, skipped_reason, stale_reason
 from .rebuilds import finish_rebuild
 from .waits import HOLE_LOOK, RUNNABLE, predecessor_exists, versions_that_can_run

@@ -7,7 +7,7 @@ import re
 import uuid
 from typing import Any
 
-from .exceptions import InvalidField, InvalidMessageId, InvalidPayload, PayloadTooLarge
+from ..exceptions import InvalidField, InvalidMessageId, InvalidPayload, PayloadTooLarge
 
 MESSAGE_ID_MAX = 255
 CONSUMER_MAX = 100
@@ -114,7 +114,7 @@ def encode_json(
     ``bytes_setting`` in the error).
     """
     if max_depth is None:
-        from .conf import inbox_settings
+        from ..conf import inbox_settings
 
         max_depth = inbox_settings.max_json_depth
     try:

@@ -15,9 +15,9 @@ from datetime import datetime
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from ..db.statements import KeyState
+from ..models import InboxKey, InboxMessage
 from . import ordering
-from .db.statements import KeyState
-from .models import InboxKey, InboxMessage
 from .waits import RUNNABLE
 
 

@@ -1,6 +1,6 @@
 """``deliver_batch()``: several messages delivered in one transaction (a broker consumer's
 prefetched messages, :mod:`django_inbox.broker.acking`); what it cannot do for all of them at
-once goes through :func:`django_inbox.delivery.deliver_row` one by one."""
+once goes through :func:`django_inbox.intake.delivery.deliver_row` one by one."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import time
 
 from django.utils import timezone
 
-from . import ordering
-from .attempts import processed, run_handler
-from .commits import committing
-from .conf import inbox_settings
-from .db.connection import connection_lost
+from ..conf import inbox_settings
+from ..db.connection import connection_lost
+from ..models import InboxMessage
+from ..ordered import ordering
+from ..outcomes import Outcome
+from ..processing.attempts import processed, run_handler
+from ..processing.commits import committing
+from ..registry import registry
 from .delivery import deliver_existing, deliver_row
-from .models import InboxMessage
-from .outcomes import Outcome
-from .registry import registry
 from .rows import NewRow, fresh, insert_completed, materialise
 
 logger = logging.getLogger("django_inbox")

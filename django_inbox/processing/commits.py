@@ -9,9 +9,9 @@ from contextlib import contextmanager
 
 from django.db import connections, transaction
 
-from .db.connection import connection_lost
-from .models import InboxMessage
-from .text import exception_text
+from ..db.connection import connection_lost
+from ..models import InboxMessage
+from ..text import exception_text
 
 logger = logging.getLogger("django_inbox")
 Status = InboxMessage.Status
