@@ -41,9 +41,23 @@ def refuse_unstorable_query(request: HttpRequest) -> None:
 #: value (``__year=0``, ``__regex=(((``, ``__range=1`` answered 500) or read every row by a
 #: pattern the database cannot index (regular expressions).
 PLAIN_LOOKUPS = frozenset(
-    {"exact", "iexact", "in", "isnull", "gt", "gte", "lt", "lte", "contains", "icontains",
-     "startswith", "istartswith", "endswith", "iendswith"}
-)  # fmt: skip
+    {
+        "exact",
+        "iexact",
+        "in",
+        "isnull",
+        "gt",
+        "gte",
+        "lt",
+        "lte",
+        "contains",
+        "icontains",
+        "startswith",
+        "istartswith",
+        "endswith",
+        "iendswith",
+    }
+)
 #: On a JSON column every other name is a key (``payload__date`` is the key "date"), but for
 #: these lookups of a key's value: a regular expression fails on a bad pattern, and reads
 #: every row.

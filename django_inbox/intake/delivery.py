@@ -118,9 +118,15 @@ def deliver(
     stores nothing. Database errors of the inbox itself are raised: nothing was committed.
     """
     row = prepare(
-        consumer=consumer, message_id=message_id, event_type=event_type, payload=payload,
-        headers=headers, source=source, key=key, sequence=sequence,
-    )  # fmt: skip
+        consumer=consumer,
+        message_id=message_id,
+        event_type=event_type,
+        payload=payload,
+        headers=headers,
+        source=source,
+        key=key,
+        sequence=sequence,
+    )
     using = inbox_settings.database
     if interruptions.pending():
         give_back_interrupted(using)

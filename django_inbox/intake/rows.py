@@ -22,9 +22,16 @@ from .message import MessageFields
 from .validation import CONSUMER_MAX, clean_message_id, clean_sequence, clean_text, encode_json
 
 __all__ = [
-    "NewRow", "append_history", "fresh", "insert", "insert_completed", "insert_or_status",
-    "materialise", "once_more_if_index_changed", "prepare",
-]  # fmt: skip
+    "NewRow",
+    "append_history",
+    "fresh",
+    "insert",
+    "insert_completed",
+    "insert_or_status",
+    "materialise",
+    "once_more_if_index_changed",
+    "prepare",
+]
 
 T = TypeVar("T")
 

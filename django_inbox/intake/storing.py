@@ -55,9 +55,15 @@ def store(
     ``INBOX_UNHANDLED``); a consumer without any handler is refused (``UnknownConsumer``).
     """
     row = rows.prepare(
-        consumer=consumer, message_id=message_id, event_type=event_type, payload=payload,
-        headers=headers, source=source, key=key, sequence=sequence,
-    )  # fmt: skip
+        consumer=consumer,
+        message_id=message_id,
+        event_type=event_type,
+        payload=payload,
+        headers=headers,
+        source=source,
+        key=key,
+        sequence=sequence,
+    )
     using = inbox_settings.database
 
     def insert() -> bool:

@@ -155,9 +155,12 @@ def delete_dead_version(pk: int, consumer: str, key: str, sequence: int, using: 
         if gone:
             now = timezone.now()
             InboxMessage.objects.using(using).filter(
-                consumer=consumer, key=key, sequence=sequence + 1, status=Status.WAITING,
+                consumer=consumer,
+                key=key,
+                sequence=sequence + 1,
+                status=Status.WAITING,
                 next_attempt_at__isnull=True,
-            ).update(next_attempt_at=now, updated_at=now)  # fmt: skip
+            ).update(next_attempt_at=now, updated_at=now)
     return bool(gone)
 
 

@@ -81,9 +81,14 @@ def hold(message: InboxMessage, using: str) -> Hold:
     else:
         status, outcome = Status.WAITING, Outcome.WAITING
         until = waits.deadline(
-            message.consumer, message.key, message.sequence, now, using, rerun=rerun,
+            message.consumer,
+            message.key,
+            message.sequence,
+            now,
+            using,
+            rerun=rerun,
             through=state.rebuild_through,
-        )  # fmt: skip
+        )
         reason = ordering.waiting_reason(message.key, message.sequence, state, rerun=rerun)
         if skip:
             reason = f"{ordering.skipped_reason(ordering.skip_entry(message))}; {reason}"

@@ -104,9 +104,16 @@ def lock_for_worker(message: InboxMessage, using: str) -> statements.Taken:
         )
         return statements.Taken(state, moved, None, [])
     return statements.lock_apply_complete(
-        message.consumer, message.key, message.sequence, first,
-        message.pk, message.lease_id, timezone.now(), using, rerun=rerun,
-    )  # fmt: skip
+        message.consumer,
+        message.key,
+        message.sequence,
+        first,
+        message.pk,
+        message.lease_id,
+        timezone.now(),
+        using,
+        rerun=rerun,
+    )
 
 
 def decide(sequence: int | None, state: KeyState | None, *, rerun: bool) -> Verdict:
@@ -166,9 +173,14 @@ def complete(
     assert message.sequence is not None
     if applied and connections[using].vendor == "postgresql":
         return statements.complete_ordered(
-            message.pk, message.lease_id, message.consumer, message.key, message.sequence,
-            now, using,
-        )  # fmt: skip
+            message.pk,
+            message.lease_id,
+            message.consumer,
+            message.key,
+            message.sequence,
+            now,
+            using,
+        )
     if not leases.complete(message, now, using):
         return False, []
     if applied:

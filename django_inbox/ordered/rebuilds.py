@@ -37,9 +37,14 @@ def left_to_rerun(
 
 
 def finish_rebuild(
-    consumer: str, key: str, state: KeyState, now: datetime, using: str, *,
+    consumer: str,
+    key: str,
+    state: KeyState,
+    now: datetime,
+    using: str,
+    *,
     exclude: int | None = None,
-) -> tuple[KeyState, list[str]]:  # fmt: skip
+) -> tuple[KeyState, list[str]]:
     """If a re-run is under way and nothing is left for it to run (``exclude``: the version
     being decided), move the key to where it stood before the re-run and make the next version
     due. Returns the key's state and the message ids made due."""

@@ -22,9 +22,13 @@ Status = InboxMessage.Status
 
 #: Statuses of a version that can still run (a predecessor worth waiting for).
 RUNNABLE = (
-    Status.RECEIVED, Status.IN_PROGRESS, Status.FAILED, Status.DEAD, Status.PARKED,
+    Status.RECEIVED,
+    Status.IN_PROGRESS,
+    Status.FAILED,
+    Status.DEAD,
+    Status.PARKED,
     Status.WAITING,
-)  # fmt: skip
+)
 
 
 def versions_that_can_run(
@@ -60,9 +64,15 @@ HOLE_LOOK = 1.0
 
 
 def deadline(
-    consumer: str, key: str, sequence: int, now: datetime, using: str, *,
-    rerun: bool = False, through: int | None = None,
-) -> datetime | None:  # fmt: skip
+    consumer: str,
+    key: str,
+    sequence: int,
+    now: datetime,
+    using: str,
+    *,
+    rerun: bool = False,
+    through: int | None = None,
+) -> datetime | None:
     """``next_attempt_at`` of version ``sequence`` of ``key`` going ``waiting`` now (under the
     key's lock): ``None`` behind an existing predecessor, or right behind a re-run under way
     up to ``through`` (its end releases it); else its gap deadline (for a re-run's version,
@@ -88,8 +98,11 @@ def release_unordered(consumer: str, using: str) -> int:
     now = timezone.now()
     note = "released: the consumer is no longer ordered"
     skipped = rows.filter(skip_requested=True).update(
-        status=Status.SKIPPED, next_attempt_at=None, processed_at=now, updated_at=now,
+        status=Status.SKIPPED,
+        next_attempt_at=None,
+        processed_at=now,
+        updated_at=now,
         last_error=f"skipped by an operator; {note}",
-    )  # fmt: skip
+    )
     due = rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now, last_error=note)
     return skipped + due

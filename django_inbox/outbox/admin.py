@@ -71,8 +71,15 @@ ACTIONS = {
 
 class OutboxMessageAdmin(ConfirmedActions, _Base):
     list_display = (
-        "message_id", "event_type", "status", "key", "attempts", "age", "error", "cause",
-    )  # fmt: skip
+        "message_id",
+        "event_type",
+        "status",
+        "key",
+        "attempts",
+        "age",
+        "error",
+        "cause",
+    )
     list_filter = ("status", RecentEventTypeFilter)
     search_fields = ("message_id",)  # searched by get_search_results, through the indexes
     search_help_text = (
@@ -89,10 +96,21 @@ class OutboxMessageAdmin(ConfirmedActions, _Base):
     if hasattr(admin, "ShowFacets"):  # Django 5.0+: "Show counts" would count the whole table
         show_facets = admin.ShowFacets.NEVER
     readonly_fields = (
-        "message_id", "event_type", "status", "exchange", "routing_key", "key", "attempts",
-        "last_error", "created_at", "updated_at", "next_attempt_at", "locked_until",
-        "sent_at", "cause",
-    )  # fmt: skip
+        "message_id",
+        "event_type",
+        "status",
+        "exchange",
+        "routing_key",
+        "key",
+        "attempts",
+        "last_error",
+        "created_at",
+        "updated_at",
+        "next_attempt_at",
+        "locked_until",
+        "sent_at",
+        "cause",
+    )
 
     def get_fields(self, request: HttpRequest, obj: OutboxMessage | None = None) -> Any:
         fields = list(self.readonly_fields)
@@ -182,9 +200,12 @@ class OutboxMessageAdmin(ConfirmedActions, _Base):
         url = reverse("admin:django_inbox_inboxmessage_changelist")
         query = urlencode({"q": row.causation_message_id})
         return format_html(
-            '<a href="{}?{}">{} {}</a>', url, query, row.causation_consumer,
+            '<a href="{}?{}">{} {}</a>',
+            url,
+            query,
+            row.causation_consumer,
             row.causation_message_id,
-        )  # fmt: skip
+        )
 
 
 if inbox_settings.admin and not admin.site.is_registered(OutboxMessage):

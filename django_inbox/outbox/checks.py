@@ -29,9 +29,12 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         )
     seconds: dict[str, float] = {}
     for name in (
-        "INBOX_OUTBOX_BACKOFF_BASE", "INBOX_OUTBOX_BACKOFF_MAX", "INBOX_OUTBOX_LEASE",
-        "INBOX_OUTBOX_CONFIRM_TIMEOUT", "INBOX_OUTBOX_RETENTION",
-    ):  # fmt: skip
+        "INBOX_OUTBOX_BACKOFF_BASE",
+        "INBOX_OUTBOX_BACKOFF_MAX",
+        "INBOX_OUTBOX_LEASE",
+        "INBOX_OUTBOX_CONFIRM_TIMEOUT",
+        "INBOX_OUTBOX_RETENTION",
+    ):
         try:
             seconds[name] = to_seconds(_setting(name))
             if seconds[name] <= 0:

@@ -92,10 +92,23 @@ def _short(name: str, value: str) -> str:
 
 #: Columns ``publish()`` writes, in the order of its statement.
 _COLUMNS = (
-    "message_id", "event_type", "payload", "headers", "exchange", "routing_key", "key",
-    "status", "attempts", "last_error", "created_at", "updated_at", "next_attempt_at",
-    "lease_id", "causation_consumer", "causation_message_id",
-)  # fmt: skip
+    "message_id",
+    "event_type",
+    "payload",
+    "headers",
+    "exchange",
+    "routing_key",
+    "key",
+    "status",
+    "attempts",
+    "last_error",
+    "created_at",
+    "updated_at",
+    "next_attempt_at",
+    "lease_id",
+    "causation_consumer",
+    "causation_message_id",
+)
 _sql: dict[tuple[str, str], str] = {}
 
 

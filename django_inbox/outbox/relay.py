@@ -202,8 +202,10 @@ class Relay:
             self._last_error = exc
             logger.warning(
                 "outbox relay: broker %s unreachable (%s); retrying in %.1fs",
-                self.broker, describe(exc), self._reconnect.upcoming,
-            )  # fmt: skip
+                self.broker,
+                describe(exc),
+                self._reconnect.upcoming,
+            )
             self.progress.unreachable(exc, lambda: pending_count(self.using))
             return False
         # The delay goes back to its first value after a batch settles, not on connecting: a
@@ -239,8 +241,10 @@ class Relay:
             )
             logger.warning(
                 "outbox relay: lost the broker %s (%s); reconnecting in %.1fs",
-                self.broker, gone, self._reconnect.upcoming,
-            )  # fmt: skip
+                self.broker,
+                gone,
+                self._reconnect.upcoming,
+            )
             self._publisher.close()
             self._publisher = None
             self.stats.reconnects += 1
@@ -258,9 +262,12 @@ class Relay:
             log = logger.error if status == "dead" else logger.warning
             log(
                 "outbox %s %s attempt %d: %s%s",
-                by_pk[pk].event_type, by_pk[pk].message_id, by_pk[pk].attempts, status,
+                by_pk[pk].event_type,
+                by_pk[pk].message_id,
+                by_pk[pk].attempts,
+                status,
                 f" ({error})",
-            )  # fmt: skip
+            )
         if result.unknown:
             rows.give_back(result.unknown, lease_id, self.using)
         self._reconnect.reset()  # a batch settled: the broker works

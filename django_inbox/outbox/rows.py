@@ -103,10 +103,17 @@ def claim(limit: int, using: str, *, now: datetime | None = None) -> tuple[str, 
             rows = rows.select_for_update()
         found = list(
             rows.values_list(
-                "pk", "message_id", "event_type", "payload", "headers", "exchange",
-                "routing_key", "key", "attempts",
+                "pk",
+                "message_id",
+                "event_type",
+                "payload",
+                "headers",
+                "exchange",
+                "routing_key",
+                "key",
+                "attempts",
             )[:limit]
-        )  # fmt: skip
+        )
         if not found:
             return lease_id, []
         OutboxMessage.objects.using(using).filter(pk__in=[row[0] for row in found]).update(

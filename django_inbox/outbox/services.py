@@ -69,9 +69,12 @@ def replay_dead(rows: QuerySet[OutboxMessage], **options: Unpack[ActionOptions])
         result.refused[f"{other['status']} (not dead)"] += other["n"]
     now = timezone.now()
     changes: dict[str, Any] = {
-        "status": Status.PENDING, "attempts": 0, "locked_until": None, "lease_id": "",
+        "status": Status.PENDING,
+        "attempts": 0,
+        "locked_until": None,
+        "lease_id": "",
         "updated_at": now,
-    }  # fmt: skip
+    }
     messages = OutboxMessage.objects.using(using)
     pks = list(selected.filter(status__in=REPLAYABLE).values_list("pk", flat=True))
     held = 0
@@ -98,8 +101,11 @@ def replay_dead(rows: QuerySet[OutboxMessage], **options: Unpack[ActionOptions])
     if result.total and not dry_run:
         logger.info(
             "outbox: %s replayed by %s via %s%s",
-            counted(result.total, "dead row"), actor, via, f" (reason: {reason})" if reason else "",
-        )  # fmt: skip
+            counted(result.total, "dead row"),
+            actor,
+            via,
+            f" (reason: {reason})" if reason else "",
+        )
     return result
 
 

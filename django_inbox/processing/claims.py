@@ -32,8 +32,15 @@ _takeover_checked: dict[tuple[str, str], float] = {}
 
 #: What the general claim reads of a candidate row.
 _CANDIDATE_FIELDS = (
-    "id", "consumer", "status", "attempts", "event_type", "history", "message_id", "lease_id",
-)  # fmt: skip
+    "id",
+    "consumer",
+    "status",
+    "attempts",
+    "event_type",
+    "history",
+    "message_id",
+    "lease_id",
+)
 
 
 def claim_batch(

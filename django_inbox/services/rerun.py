@@ -152,9 +152,14 @@ def rerun_versions(
     actor, reason, via, dry_run, keep = options_of("replay", options)
     using = inbox_settings.database
     entry = history.action_entry(
-        "replay", at=timezone.now(), actor=actor, reason=reason, previous_status="", attempts=0,
+        "replay",
+        at=timezone.now(),
+        actor=actor,
+        reason=reason,
+        previous_status="",
+        attempts=0,
         via=via,
-    )  # fmt: skip
+    )
     for start in starts(versions):
         consumer, key, first = start["consumer"], start["key"], int(start["first"])
         refused = refusal(consumer)

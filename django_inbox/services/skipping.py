@@ -55,9 +55,15 @@ def skip(rows: QuerySet[InboxMessage], **options: Unpack[ActionOptions]) -> Acti
 
 
 def _skip_one(
-    pk: int, consumer: str, key: str, sequence: int, actor: str, reason: str, via: str,
+    pk: int,
+    consumer: str,
+    key: str,
+    sequence: int,
+    actor: str,
+    reason: str,
+    via: str,
     using: str,
-) -> InboxMessage | None:  # fmt: skip
+) -> InboxMessage | None:
     with transaction.atomic(using=using):
         state = ordering.lock(consumer, key, using, wait=True)
         row = (
@@ -70,9 +76,14 @@ def _skip_one(
             return None
         now = timezone.now()
         entry = history.action_entry(
-            "skip", at=now, actor=actor, reason=reason, previous_status=row.status,
-            attempts=row.attempts, via=via,
-        )  # fmt: skip
+            "skip",
+            at=now,
+            actor=actor,
+            reason=reason,
+            previous_status=row.status,
+            attempts=row.attempts,
+            via=via,
+        )
         said = ordering.skipped_reason(entry)
         if state.rebuilding and not row.rerun:  # a re-run with nothing left to run is over
             state, _ = rebuilds.finish_rebuild(consumer, key, state, now, using)

@@ -15,10 +15,27 @@ from ..identity import digest_params, digest_sql
 Status = InboxMessage.Status
 
 COLUMNS = (
-    "consumer", "message_id", "source", "event_type", "key", "sequence", "payload", "headers",
-    "status", "attempts", "last_error", "history", "received_at", "updated_at", "next_attempt_at",
-    "locked_until", "lease_id", "processed_at", "rerun", "skip_requested",
-)  # fmt: skip
+    "consumer",
+    "message_id",
+    "source",
+    "event_type",
+    "key",
+    "sequence",
+    "payload",
+    "headers",
+    "status",
+    "attempts",
+    "last_error",
+    "history",
+    "received_at",
+    "updated_at",
+    "next_attempt_at",
+    "locked_until",
+    "lease_id",
+    "processed_at",
+    "rerun",
+    "skip_requested",
+)
 JSON_COLUMNS = {"payload", "headers", "history"}
 #: SQL text built once per database and shape.
 sql_cache: dict[tuple[Any, ...], str] = {}

@@ -156,8 +156,15 @@ class Command(InboxCommand):
                 "--since is not before --until: the window holds no row.", returncode=MISCONFIGURED
             )
         criteria = (
-            "pks", "message_ids", "consumer", "event_types", "statuses", "since", "until", "keys",
-        )  # fmt: skip
+            "pks",
+            "message_ids",
+            "consumer",
+            "event_types",
+            "statuses",
+            "since",
+            "until",
+            "keys",
+        )
         if not options["all"] and not any(options[name] for name in criteria):
             raise CommandError(
                 "say what to replay: --status, --consumer, --event-type, --key, --id, "
