@@ -34,7 +34,7 @@ from .process import (
 )
 from .purge import PURGEABLE, PurgeProgress, PurgeResult, expired, purge
 from .reclaim import ReclaimResult, reclaim, reclaimable
-from .rerun_progress import rerun_blocked, rerun_failed, rerun_left
+from .rerun import rerun_blocked, rerun_failed, rerun_left
 from .selection import by_message_id, command_actor, count_by_status, find, select
 from .showing import Shown, shown_json
 from .skipping import skip

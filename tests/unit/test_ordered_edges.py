@@ -19,7 +19,7 @@ from django_inbox import Outcome
 from django_inbox.models import InboxKey, InboxMessage
 from django_inbox.ordered import waits
 from django_inbox.services import collect, operator, purge, select, skipping
-from django_inbox.services.rerun_progress import rerun_blocked, rerun_left
+from django_inbox.services.rerun import rerun_blocked, rerun_left
 from tests.plans import explain, rows_read, take_statistics
 from tests.unit.test_ordered_operator_actions import (
     ACTOR,
