@@ -20,6 +20,7 @@ from django_inbox.models import InboxKey, InboxMessage
 from django_inbox.ordered import waits
 from django_inbox.services import collect, operator, purge, select, skipping
 from django_inbox.services.rerun import rerun_blocked, rerun_left
+from tests.ordered import sent_cleared  # noqa: F401  (autouse)
 from tests.plans import explain, rows_read, take_statistics
 from tests.unit.test_ordered_operator_actions import (
     ACTOR,
@@ -34,13 +35,6 @@ from tests.unit.test_ordered_operator_actions import (
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = InboxMessage.Status
-
-
-@pytest.fixture(autouse=True)
-def _sent() -> Any:
-    inbox_handlers.SENT.clear()
-    yield
-    inbox_handlers.SENT.clear()
 
 
 def key_state(key: str) -> tuple[int, int | None]:

@@ -12,18 +12,18 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
-from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from effects import inbox_handlers
 from effects.models import Projection
 
-from django_inbox import Outcome, deliver, store
+from django_inbox import Outcome
 from django_inbox.models import InboxKey, InboxMessage
 from django_inbox.ordered import ordering
 from django_inbox.ordered.gaps import park_expired_gaps
-from django_inbox.processing.worker import Worker
 from django_inbox.services import collect, operator, purge, select, skipping
+from tests import ordered
+from tests.ordered import Versions, sent_cleared  # noqa: F401  (autouse)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = InboxMessage.Status
@@ -31,47 +31,20 @@ CONSUMER = "projection"
 ACTOR = {"actor": "alice (test)", "reason": "rebuild"}
 
 
-@pytest.fixture(autouse=True)
-def _sent() -> Any:
-    inbox_handlers.SENT.clear()
-    yield
-    inbox_handlers.SENT.clear()
+VERSIONS = Versions(CONSUMER, "projection.apply", numbered=True)
+send, put, row = VERSIONS.send, VERSIONS.put, VERSIONS.row
 
 
 def policy(**changes: Any) -> Any:
-    from django.conf import settings
-
-    consumers = {**settings.INBOX_CONSUMERS}
-    consumers[CONSUMER] = {**consumers[CONSUMER], **changes}
-    return override_settings(INBOX_CONSUMERS=consumers)
-
-
-def put(key: str, sequence: int, message_id: str | None = None, **payload: Any) -> bool:
-    return store(
-        consumer=CONSUMER, message_id=message_id or f"{key}-{sequence}",
-        event_type="projection.apply", payload={"n": sequence, **payload}, key=key,
-        sequence=sequence,
-    )  # fmt: skip
-
-
-def send(key: str, sequence: int, message_id: str | None = None, **payload: Any) -> Outcome:
-    return deliver(
-        consumer=CONSUMER, message_id=message_id or f"{key}-{sequence}",
-        event_type="projection.apply", payload={"n": sequence, **payload}, key=key,
-        sequence=sequence,
-    )  # fmt: skip
+    return ordered.policy(CONSUMER, **changes)
 
 
 def drain(idle: float = 0.0) -> None:
-    Worker([CONSUMER], until_idle=idle, poll_interval=0.01).run()
+    ordered.drain(CONSUMER, idle=idle)
 
 
 def status(message_id: str) -> str:
     return str(InboxMessage.objects.get(consumer=CONSUMER, message_id=message_id).status)
-
-
-def row(message_id: str) -> InboxMessage:
-    return InboxMessage.objects.get(consumer=CONSUMER, message_id=message_id)
 
 
 def version(key: str) -> int:

@@ -9,34 +9,25 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.test import override_settings
 from django.utils import timezone
 from effects.models import OrderedRun
 
-from django_inbox import InvalidField, Outcome, deliver, store
+from django_inbox import InvalidField, Outcome, deliver
 from django_inbox.models import InboxKey, InboxMessage
 from django_inbox.ordered.gaps import GAP_PREFIX, park_expired_gaps
 from django_inbox.processing.worker import Worker
 from django_inbox.services import collect, operator, skipping
 from django_inbox.services.reclaim import reclaim
+from tests import ordered
+from tests.ordered import Versions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = InboxMessage.Status
 CONSUMER = "ordered"
 
 
-def send(key: str, sequence: int | None, message_id: str | None = None, **payload: Any) -> Outcome:
-    return deliver(
-        consumer=CONSUMER, message_id=message_id or f"{key}-{sequence}",
-        event_type="ordered.apply", payload=payload, key=key, sequence=sequence,
-    )  # fmt: skip
-
-
-def put(key: str, sequence: int | None, message_id: str | None = None, **payload: Any) -> bool:
-    return store(
-        consumer=CONSUMER, message_id=message_id or f"{key}-{sequence}",
-        event_type="ordered.apply", payload=payload, key=key, sequence=sequence,
-    )  # fmt: skip
+VERSIONS = Versions(CONSUMER, "ordered.apply")
+send, put, row = VERSIONS.send, VERSIONS.put, VERSIONS.row
 
 
 def applied(key: str) -> int | None:
@@ -50,20 +41,12 @@ def runs(key: str) -> list[int | None]:
     )
 
 
-def row(message_id: str) -> InboxMessage:
-    return InboxMessage.objects.get(consumer=CONSUMER, message_id=message_id)
-
-
 def drain(**options: Any) -> None:
-    Worker([CONSUMER], until_idle=0, poll_interval=0.01, **options).run()
+    ordered.drain(CONSUMER, **options)
 
 
-def ordered_policy(**policy: Any) -> Any:
-    from django.conf import settings
-
-    consumers = {**settings.INBOX_CONSUMERS}
-    consumers[CONSUMER] = {**consumers[CONSUMER], **policy}
-    return override_settings(INBOX_CONSUMERS=consumers)
+def ordered_policy(**changes: Any) -> Any:
+    return ordered.policy(CONSUMER, **changes)
 
 
 def test_versions_in_order_run_and_the_key_remembers_the_last() -> None:

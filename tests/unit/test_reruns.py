@@ -23,17 +23,11 @@ from django_inbox.ordered.gaps import park_expired_gaps
 from django_inbox.processing.worker import Worker
 from django_inbox.services import operator, select, skipping
 from tests.conftest import handler
+from tests.ordered import drain, sent_cleared  # noqa: F401  (autouse)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Status = InboxMessage.Status
 ACTOR = {"actor": "alice (test)", "reason": "the receipts template was wrong"}
-
-
-@pytest.fixture(autouse=True)
-def _sent() -> Any:
-    inbox_handlers.SENT.clear()
-    yield
-    inbox_handlers.SENT.clear()
 
 
 def notify(consumer: str, message_id: str, **payload: Any) -> Outcome:
@@ -45,10 +39,6 @@ def notify(consumer: str, message_id: str, **payload: Any) -> Outcome:
 def rerun(consumer: str, *message_ids: str, **options: Any) -> operator.ActionResult:
     rows = select(consumer=consumer, message_ids=list(message_ids), statuses=["completed"])
     return operator.replay(rows, force=True, **{**ACTOR, **options})
-
-
-def drain(*consumers: str) -> None:
-    Worker(list(consumers), until_idle=0, poll_interval=0.01).run()
 
 
 def effects(consumer: str, message_id: str) -> list[tuple[int, bool]]:
