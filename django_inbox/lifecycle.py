@@ -32,7 +32,8 @@ class Transition:
     targets: tuple[str, ...]
     writes: tuple[str, ...]
     by: str
-    #: Where it is written: ``module.function``, PostgreSQL's statement first where it has one.
+    #: Where it is written: ``module.function`` (``families.<Family>.<method>`` for each
+    #: database family's side, ``db.statements.*`` for PostgreSQL's own statements).
     where: tuple[str, ...]
 
     def allows(self, status: str) -> bool:
@@ -68,6 +69,8 @@ TRANSITIONS: dict[str, Transition] = {
                 "db.statements.claiming.claim_fresh",
                 "db.statements.claiming.claim_message",
                 "processing.claims.claim_batch",
+                "families.PostgreSQL.claim_fresh",
+                "families.PostgreSQL.claim_message",
             ),
         ),
         Transition(
@@ -81,6 +84,8 @@ TRANSITIONS: dict[str, Transition] = {
                 "db.statements.ordered.lock_apply_complete",
                 "processing.leases.complete",
                 "ordered.ordering.complete",
+                "families.PostgreSQL.complete_applied",
+                "families.Portable.complete_applied",
             ),
         ),
         Transition(
@@ -107,6 +112,8 @@ TRANSITIONS: dict[str, Transition] = {
             where=(
                 "db.statements.ordered.set_aside",
                 "ordered.ordering.set_aside",
+                "families.PostgreSQL.set_aside",
+                "families.Portable.set_aside",
                 "processing.leases.set_aside",
             ),
         ),
@@ -116,7 +123,12 @@ TRANSITIONS: dict[str, Transition] = {
             targets=(Status.RECEIVED,),
             writes=("status", "next_attempt_at", "last_error"),
             by="an ordered key's version completed or was skipped: the next one is due",
-            where=("ordered.ordering.release_next",),
+            where=(
+                "ordered.ordering.release_next",
+                "families.Portable.release_next",
+                "families.PostgreSQL.advance",
+                "families.Portable.advance",
+            ),
         ),
         Transition(
             "give_back",
@@ -166,7 +178,7 @@ TRANSITIONS: dict[str, Transition] = {
                 *LEASE_CLEARED,
             ),
             by="inbox_replay, the admin, services.replay()",
-            where=("services.operator.replay",),
+            where=("services.operator.replay", "families.Portable.change_appending_history"),
         ),
         Transition(
             "rerun",

@@ -29,14 +29,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from django.db import connections
-from django.utils import timezone
-
 from ..conf import inbox_settings
 from ..db import statements
-from ..db.aside import with_status
 from ..db.statements import KeyState
-from ..models import InboxKey, InboxMessage
+from ..families import family
+from ..models import InboxMessage
 from ..processing import leases
 
 logger = logging.getLogger("django_inbox")
@@ -60,60 +57,17 @@ def lock(consumer: str, key: str, using: str, *, wait: bool = True) -> KeyState 
     """Lock ``key``'s row for the caller's transaction and return its state (``first_sequence
     - 1`` applied for a new key); ``None`` if another transaction holds it and ``wait`` is
     false."""
-    connection = connections[using]
     first = inbox_settings.policy(consumer).first_sequence
-    if connection.vendor == "postgresql":
-        return statements.lock_key(consumer, key, first, using, wait=wait)
-    rows = InboxKey.objects.using(using).filter(consumer=consumer, key=key)
-    columns = ("applied_sequence", "rerun_through")
-    if connection.features.has_select_for_update:
-        if connection.features.has_select_for_update_skip_locked and not wait:
-            rows = rows.select_for_update(skip_locked=True)
-        else:
-            rows = rows.select_for_update()
-        found = list(rows.values_list(*columns))
-        if found:
-            return KeyState(*found[0])
-    # A new key (or, on SQLite, any key: the insert takes the database's write lock before
-    # the read, so two processes cannot both read the same applied sequence).
-    InboxKey.objects.using(using).bulk_create(
-        [InboxKey(consumer=consumer, key=key, applied_sequence=first - 1)],
-        ignore_conflicts=True,
-    )
-    found = list(rows.values_list(*columns))
-    return KeyState(*found[0]) if found else None
+    return family(using).lock_key(consumer, key, first, using, wait=wait)
 
 
 def lock_for_worker(message: InboxMessage, using: str) -> statements.Taken:
     """A worker's lock of a claimed version's key, never waiting, as a
     :class:`~django_inbox.db.statements.Taken`: the key's state (``None``: another
-    transaction holds it) and whether this version was recorded applied already. On
-    PostgreSQL, when the version is the key's next one (and the key has a row), one statement
-    records it applied, completes the row (fenced on its lease) and makes the next version
-    due, before the handler runs (an operator's skip ahead is not completed: it goes
-    ``skipped``)."""
-    if connections[using].vendor != "postgresql":
-        return statements.Taken(
-            lock(message.consumer, message.key, using, wait=False), False, None, []
-        )
+    transaction holds it) and whether this version was recorded applied already (on
+    PostgreSQL, completed with it: see :meth:`django_inbox.families.PostgreSQL.lock_for_worker`)."""
     first = inbox_settings.policy(message.consumer).first_sequence
-    rerun = bool(message.rerun)
-    if message.sequence is None or message.skip_requested:
-        state, moved = statements.lock_and_apply(
-            message.consumer, message.key, message.sequence, first, using, rerun=rerun
-        )
-        return statements.Taken(state, moved, None, [])
-    return statements.lock_apply_complete(
-        message.consumer,
-        message.key,
-        message.sequence,
-        first,
-        message.pk,
-        message.lease_id,
-        timezone.now(),
-        using,
-        rerun=rerun,
-    )
+    return family(using).lock_for_worker(message, first, using)
 
 
 def decide(sequence: int | None, state: KeyState | None, *, rerun: bool) -> Verdict:
@@ -156,12 +110,7 @@ def waiting_reason(key: str, sequence: int, state: KeyState, *, rerun: bool = Fa
 def advance(consumer: str, key: str, sequence: int, now: datetime, using: str) -> list[str]:
     """In the run's transaction: ``key`` has applied ``sequence``; make the next version due.
     Returns the message ids made due."""
-    if connections[using].vendor == "postgresql":
-        return statements.advance(consumer, key, sequence, now, using)
-    InboxKey.objects.using(using).filter(consumer=consumer, key=key).update(
-        applied_sequence=sequence, updated_at=now
-    )
-    return release_next(consumer, key, sequence + 1, now, using)
+    return family(using).advance(consumer, key, sequence, now, using)
 
 
 def complete(
@@ -171,20 +120,10 @@ def complete(
     applied sequence (unless ``applied``: its lock recorded it) and the release of the next
     version. Returns whether the lease still held the row, and the message ids made due."""
     assert message.sequence is not None
-    if applied and connections[using].vendor == "postgresql":
-        return statements.complete_ordered(
-            message.pk,
-            message.lease_id,
-            message.consumer,
-            message.key,
-            message.sequence,
-            now,
-            using,
-        )
+    if applied:
+        return family(using).complete_applied(message, now, using)
     if not leases.complete(message, now, using):
         return False, []
-    if applied:
-        return True, release_next(message.consumer, message.key, message.sequence + 1, now, using)
     return True, advance(message.consumer, message.key, message.sequence, now, using)
 
 
@@ -198,26 +137,12 @@ def set_aside(
 ) -> bool:
     """A claimed version that does not run now: ``waiting`` (until ``next_attempt_at``, its
     gap deadline) or ``skipped``, its claim's attempt taken back; fenced on its lease."""
-    if connections[using].vendor == "postgresql":
-        return statements.set_aside(
-            message.pk, message.lease_id, status, next_attempt_at, last_error, now, using
-        )
-    changes: dict[str, Any] = {"next_attempt_at": next_attempt_at, "last_error": last_error}
-    if status == Status.SKIPPED:
-        changes["processed_at"] = now
-    return leases.set_aside(message, status, changes, now, using)
+    return family(using).set_aside(message, status, next_attempt_at, last_error, now, using)
 
 
 def release_next(consumer: str, key: str, sequence: int, now: datetime, using: str) -> list[str]:
     """Make ``key``'s waiting rows of ``sequence`` due now (under the key's lock)."""
-    version = InboxMessage.objects.using(using).filter(
-        consumer=consumer, key=key, sequence=sequence
-    )
-    rows = with_status(version, Status.WAITING)  # found by the key's versions index
-    ids = list(rows.values_list("message_id", flat=True))
-    if ids:
-        rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now, last_error="")
-    return ids
+    return family(using).release_next(consumer, key, sequence, now, using)
 
 
 def skip_entry(message: InboxMessage) -> dict[str, Any]:

@@ -10,15 +10,15 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import F, QuerySet, Value
 from django.db.models.functions import Least
 from django.utils import timezone
 
 from ..conf import inbox_settings
-from ..db import statements
 from ..db.aside import with_status
 from ..db.connection import connection_lost
+from ..families import family
 from ..models import ATTEMPTS_MAX, POLLED_STATUSES, InboxMessage
 from . import interruptions, leases
 from .takeover import take_over
@@ -80,20 +80,22 @@ def _claim(
 ) -> list[InboxMessage]:
     now = timezone.now()
     until = now + timedelta(seconds=inbox_settings.policy(consumer).lease)
-    if message_id is None and connections[using].vendor == "postgresql":
-        # Usually nothing was abandoned: claim new and due rows in one statement, and look
-        # for dead workers' rows (the general path below) at least every second.
+    rows_of = family(using)
+    if message_id is None:
+        # Usually nothing was abandoned: claim new and due rows in one statement (where the
+        # database has one), and look for dead workers' rows (the general path below) at
+        # least every second.
         checked = time.monotonic() - _takeover_checked.get((using, consumer), 0.0)
         if checked < TAKEOVER_CHECK_INTERVAL:
-            claimed = statements.claim_fresh(consumer, limit, lease_id, until, now, using)
+            claimed = rows_of.claim_fresh(consumer, limit, lease_id, until, now, using)
             if claimed:
                 return claimed
         _takeover_checked[(using, consumer)] = time.monotonic()
-    if message_id is not None and connections[using].vendor == "postgresql":
+    else:
         # One message by its id (deliver() of a stored one, an ordered consumer's released
         # version): one statement. Only a take-over of its abandoned lease takes the general
         # path below.
-        claimed = statements.claim_message(consumer, message_id, lease_id, until, now, using)
+        claimed = rows_of.claim_message(consumer, message_id, lease_id, until, now, using)
         if claimed:
             return claimed
     rows = InboxMessage.objects.using(using)

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any, Unpack
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from .. import history, lifecycle
 from ..conf import inbox_settings
-from ..db import statements
+from ..families import family
 from ..intake.storing import KEY_LOST
 from ..models import InboxMessage
 from ..ordered import gaps, ordering
@@ -144,7 +145,7 @@ def _act(
     for found in other:  # one GROUP BY for every status the action leaves alone
         status = found["status"]
         result.refused[f"{status} (cannot {action} from {status})"] += found["n"]
-    in_sql = connections[using].vendor == "postgresql"
+    rows_of = family(using)
     fields = ["pk", "consumer", "message_id", "event_type", "status", "attempts", "key"]
     fields += ["sequence", "last_error"]
     last_pk = 0
@@ -153,7 +154,7 @@ def _act(
             candidates = (
                 rows.using(using)
                 .filter(status__in=statuses, pk__gt=last_pk)
-                .only(*fields, *([] if in_sql else ["history"]))
+                .only(*fields, *([] if rows_of.history_in_sql else ["history"]))
                 .order_by("pk")
             )
             if not dry_run:  # a dry run changes nothing, so it locks nothing either
@@ -180,19 +181,9 @@ def _act(
                     attempts=0,
                     via=via,
                 )
-                if in_sql:
-                    for status in sorted({row.status for row in accepted}):
-                        statements.update_appending_history(
-                            [row.pk for row in accepted if row.status == status],
-                            [status],
-                            {**change(now, status), "updated_at": now},
-                            entry,
-                            using,
-                        )
-                else:
-                    accepted = [
-                        r for r in accepted if _update_row(r, change(now, r.status), entry, now)
-                    ]
+                accepted = rows_of.change_appending_history(
+                    accepted, partial(change, now), entry, now, using
+                )
             if not dry_run:
                 report(action, accepted, actor, via, reason, using)
         if after is not None and not dry_run and accepted:
@@ -201,15 +192,3 @@ def _act(
             result.changed[row.status] += 1
             if keep is None or len(result.rows) < keep:
                 result.rows.append((row.pk, row.consumer, row.message_id, row.status))
-
-
-def _update_row(
-    row: InboxMessage, changes: dict[str, Any], entry: dict[str, Any], now: datetime
-) -> bool:
-    """Change one row and append ``entry`` (completed with the row's status and attempts)."""
-    entry = {**entry, "from": row.status, "attempts": row.attempts}
-    return bool(
-        InboxMessage.objects.using(inbox_settings.database)
-        .filter(pk=row.pk, status=row.status)
-        .update(**changes, history=history.append(row.history, entry), updated_at=now)
-    )

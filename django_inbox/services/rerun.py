@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from .. import history
 from ..conf import inbox_settings
-from ..db import statements
+from ..families import family
 from ..models import InboxKey, InboxMessage
 from ..ordered import ordering, waits
 from .actions import ActionOptions, ActionResult, options_of, report
@@ -127,19 +127,7 @@ def _change(
     to each one's history and marking them as re-runs."""
     if not rows:
         return
-    changes = {**changes, "rerun": True, "updated_at": now}
-    if connections[using].vendor == "postgresql":
-        statements.update_appending_history(
-            [row.pk for row in rows], sorted({row.status for row in rows}), changes, entry, using
-        )
-        return
-    for row in rows:
-        InboxMessage.objects.using(using).filter(pk=row.pk, status=row.status).update(
-            **changes,
-            history=history.append(
-                row.history, {**entry, "from": row.status, "attempts": row.attempts}
-            ),
-        )
+    family(using).change_appending_history(rows, {**changes, "rerun": True}, entry, now, using)
 
 
 def rerun_versions(

@@ -1,0 +1,290 @@
+"""The transitions whose SQL differs between database families, side by side.
+
+:class:`Portable` does each of them through Django's ORM, on every database Django supports
+(SQLite, MariaDB and MySQL). :class:`PostgreSQL` overrides the ones it does in fewer round
+trips with its own statements (``db/statements/``: ``FOR UPDATE SKIP LOCKED`` claims, a
+key's lock, apply and completion in one statement, history appended in SQL). The callers
+(``processing/claims.py``, ``ordered/ordering.py``, the operator's services) ask
+:func:`family` and never test the vendor themselves, so a database family that needs its
+own SQL (MariaDB) is one more subclass here. ``lifecycle.TRANSITIONS`` names both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+
+from . import history
+from .conf import inbox_settings
+from .db import statements
+from .db.aside import with_status
+from .db.statements import KeyState, Taken
+from .models import InboxKey, InboxMessage
+from .processing import leases
+
+Status = InboxMessage.Status
+
+#: The changes an operator's action makes to a row, given the status it leaves.
+Changes = dict[str, Any] | Callable[[str], dict[str, Any]]
+
+
+class Portable:
+    """Every transition through Django's ORM: correct on every database, more round trips."""
+
+    #: Whether :meth:`change_appending_history` appends in SQL (the rows' ``history`` need
+    #: not be read first).
+    history_in_sql = False
+
+    # -- claims ---------------------------------------------------------------------------
+
+    def claim_fresh(
+        self, consumer: str, limit: int, lease_id: str, until: datetime, now: datetime, using: str
+    ) -> list[InboxMessage]:
+        """Due rows claimed in one statement; ``[]``: none, or take the general claim."""
+        return []
+
+    def claim_message(
+        self,
+        consumer: str,
+        message_id: str,
+        lease_id: str,
+        until: datetime,
+        now: datetime,
+        using: str,
+    ) -> list[InboxMessage]:
+        """One due message claimed by its id in one statement; ``[]``: take the general
+        claim."""
+        return []
+
+    # -- an ordered consumer's keys -------------------------------------------------------
+
+    def lock_key(
+        self, consumer: str, key: str, first: int, using: str, *, wait: bool
+    ) -> KeyState | None:
+        """Lock ``key``'s row for the caller's transaction and return its state
+        (``first - 1`` applied for a new key); ``None``: another transaction holds it and
+        ``wait`` is false."""
+        connection = connections[using]
+        rows = InboxKey.objects.using(using).filter(consumer=consumer, key=key)
+        columns = ("applied_sequence", "rerun_through")
+        if connection.features.has_select_for_update:
+            if connection.features.has_select_for_update_skip_locked and not wait:
+                rows = rows.select_for_update(skip_locked=True)
+            else:
+                rows = rows.select_for_update()
+            found = list(rows.values_list(*columns))
+            if found:
+                return KeyState(*found[0])
+        # A new key (or, on SQLite, any key: the insert takes the database's write lock
+        # before the read, so two processes cannot both read the same applied sequence).
+        InboxKey.objects.using(using).bulk_create(
+            [InboxKey(consumer=consumer, key=key, applied_sequence=first - 1)],
+            ignore_conflicts=True,
+        )
+        found = list(rows.values_list(*columns))
+        return KeyState(*found[0]) if found else None
+
+    def lock_for_worker(self, message: InboxMessage, first: int, using: str) -> Taken:
+        """A worker's lock of a claimed version's key, never waiting."""
+        state = self.lock_key(message.consumer, message.key, first, using, wait=False)
+        return Taken(state, False, None, [])
+
+    def advance(
+        self, consumer: str, key: str, sequence: int, now: datetime, using: str
+    ) -> list[str]:
+        """In the run's transaction: ``key`` has applied ``sequence``; make the next version
+        due. Returns the message ids made due."""
+        InboxKey.objects.using(using).filter(consumer=consumer, key=key).update(
+            applied_sequence=sequence, updated_at=now
+        )
+        return self.release_next(consumer, key, sequence + 1, now, using)
+
+    def release_next(
+        self, consumer: str, key: str, sequence: int, now: datetime, using: str
+    ) -> list[str]:
+        """Make ``key``'s waiting rows of ``sequence`` due now (under the key's lock)."""
+        version = InboxMessage.objects.using(using).filter(
+            consumer=consumer, key=key, sequence=sequence
+        )
+        rows = with_status(version, Status.WAITING)  # found by the key's versions index
+        ids = list(rows.values_list("message_id", flat=True))
+        if ids:
+            rows.update(status=Status.RECEIVED, next_attempt_at=now, updated_at=now, last_error="")
+        return ids
+
+    def complete_applied(
+        self, message: InboxMessage, now: datetime, using: str
+    ) -> tuple[bool, list[str]]:
+        """The fenced completion of a claimed version its key's lock recorded applied, and
+        the release of the next version: whether the lease still held the row, and the
+        message ids made due."""
+        assert message.sequence is not None
+        if not leases.complete(message, now, using):
+            return False, []
+        return True, self.release_next(
+            message.consumer, message.key, message.sequence + 1, now, using
+        )
+
+    def set_aside(
+        self,
+        message: InboxMessage,
+        status: str,
+        next_attempt_at: datetime | None,
+        last_error: str,
+        now: datetime,
+        using: str,
+    ) -> bool:
+        """A claimed version that does not run now: ``waiting`` or ``skipped``, its claim's
+        attempt taken back; fenced on its lease."""
+        changes: dict[str, Any] = {"next_attempt_at": next_attempt_at, "last_error": last_error}
+        if status == Status.SKIPPED:
+            changes["processed_at"] = now
+        return leases.set_aside(message, status, changes, now, using)
+
+    # -- an operator's actions ------------------------------------------------------------
+
+    def change_appending_history(
+        self,
+        rows: list[InboxMessage],
+        changes: Changes,
+        entry: dict[str, Any],
+        now: datetime,
+        using: str,
+    ) -> list[InboxMessage]:
+        """Change ``rows`` (locked, still in the status they were read in), appending
+        ``entry`` with each row's status and attempts before the change; return the rows
+        changed. ``changes`` may depend on the status a row leaves."""
+        changed = []
+        for row in rows:
+            values = changes(row.status) if callable(changes) else changes
+            kept = {**entry, "from": row.status, "attempts": row.attempts}
+            if (
+                InboxMessage.objects.using(using)
+                .filter(pk=row.pk, status=row.status)
+                .update(
+                    **{**values, "updated_at": now, "history": history.append(row.history, kept)}
+                )
+            ):
+                changed.append(row)
+        return changed
+
+
+class PostgreSQL(Portable):
+    """The transitions PostgreSQL does with statements of its own (``db/statements/``)."""
+
+    history_in_sql = True
+
+    def claim_fresh(
+        self, consumer: str, limit: int, lease_id: str, until: datetime, now: datetime, using: str
+    ) -> list[InboxMessage]:
+        return statements.claim_fresh(consumer, limit, lease_id, until, now, using)
+
+    def claim_message(
+        self,
+        consumer: str,
+        message_id: str,
+        lease_id: str,
+        until: datetime,
+        now: datetime,
+        using: str,
+    ) -> list[InboxMessage]:
+        return statements.claim_message(consumer, message_id, lease_id, until, now, using)
+
+    def lock_key(
+        self, consumer: str, key: str, first: int, using: str, *, wait: bool
+    ) -> KeyState | None:
+        return statements.lock_key(consumer, key, first, using, wait=wait)
+
+    def lock_for_worker(self, message: InboxMessage, first: int, using: str) -> Taken:
+        """When the version is its key's next one (and the key has a row), one statement
+        records it applied, completes the row (fenced on its lease) and makes the next
+        version due, before the handler runs (an operator's skip ahead is not completed: it
+        goes ``skipped``)."""
+        from django.utils import timezone
+
+        rerun = bool(message.rerun)
+        if message.sequence is None or message.skip_requested:
+            state, moved = statements.lock_and_apply(
+                message.consumer, message.key, message.sequence, first, using, rerun=rerun
+            )
+            return Taken(state, moved, None, [])
+        return statements.lock_apply_complete(
+            message.consumer,
+            message.key,
+            message.sequence,
+            first,
+            message.pk,
+            message.lease_id,
+            timezone.now(),
+            using,
+            rerun=rerun,
+        )
+
+    def advance(
+        self, consumer: str, key: str, sequence: int, now: datetime, using: str
+    ) -> list[str]:
+        return statements.advance(consumer, key, sequence, now, using)
+
+    def complete_applied(
+        self, message: InboxMessage, now: datetime, using: str
+    ) -> tuple[bool, list[str]]:
+        assert message.sequence is not None
+        return statements.complete_ordered(
+            message.pk,
+            message.lease_id,
+            message.consumer,
+            message.key,
+            message.sequence,
+            now,
+            using,
+        )
+
+    def set_aside(
+        self,
+        message: InboxMessage,
+        status: str,
+        next_attempt_at: datetime | None,
+        last_error: str,
+        now: datetime,
+        using: str,
+    ) -> bool:
+        return statements.set_aside(
+            message.pk, message.lease_id, status, next_attempt_at, last_error, now, using
+        )
+
+    def change_appending_history(
+        self,
+        rows: list[InboxMessage],
+        changes: Changes,
+        entry: dict[str, Any],
+        now: datetime,
+        using: str,
+    ) -> list[InboxMessage]:
+        """One statement per status left (one in all when ``changes`` is the same for all),
+        the entry built in SQL from each row's old values."""
+        if not rows:
+            return rows
+        statuses = sorted({row.status for row in rows})
+        groups = [statuses] if not callable(changes) else [[status] for status in statuses]
+        for group in groups:
+            values = changes(group[0]) if callable(changes) else changes
+            statements.update_appending_history(
+                [row.pk for row in rows if row.status in group],
+                group,
+                {**values, "updated_at": now},
+                entry,
+                using,
+            )
+        return rows
+
+
+_FAMILIES: dict[str, Portable] = {"postgresql": PostgreSQL()}
+_PORTABLE = Portable()
+
+
+def family(using: str | None = None) -> Portable:
+    """The transitions of the database ``using`` (the inbox's by default)."""
+    return _FAMILIES.get(connections[using or inbox_settings.database].vendor, _PORTABLE)
