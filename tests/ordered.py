@@ -1,8 +1,8 @@
-"""Helpers shared by the tests of ordered consumers and re-runs (``test_ordering``,
-``test_ordered_operator_actions``, ``test_ordered_edges``, ``test_reruns``): versions of a key
-sent with ``deliver()`` or stored with ``store()``, a worker drained to idle, a consumer's
-policy changed for one test, and the test project's sent side effects cleared around each
-test."""
+"""Helpers shared by the tests of ordered consumers and re-runs (``test_ordering``, ``test_gaps``,
+``test_ordered_operator_actions``, ``test_ordered_edges``, ``test_side_effects``,
+``test_services_rerun``): versions of a key sent with ``deliver()`` or stored with ``store()``,
+a worker drained to idle, a consumer's policy changed for one test, and the test project's sent
+side effects cleared around each test."""
 
 from __future__ import annotations
 

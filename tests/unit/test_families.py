@@ -83,23 +83,26 @@ def test_an_operators_actions_leave_the_same_rows_whichever_family_writes_them(
 
 
 def _portable_cases() -> list[str]:
-    """The ordering tests that take no arguments and test no PostgreSQL statement."""
+    """``module.test`` of the ordering and gap tests that take no arguments and test no
+    PostgreSQL statement."""
     import inspect
 
-    from tests.unit import test_ordering
+    from tests.unit import test_gaps, test_ordering
 
     names = []
-    for name, test in vars(test_ordering).items():
-        marks = {mark.name for mark in getattr(test, "pytestmark", [])}
-        wanted = name.startswith("test_") and callable(test) and "postgres" not in marks
-        if wanted and not inspect.signature(test).parameters:
-            names.append(name)
+    for module in (test_ordering, test_gaps):
+        for name, test in vars(module).items():
+            marks = {mark.name for mark in getattr(test, "pytestmark", [])}
+            wanted = name.startswith("test_") and callable(test) and "postgres" not in marks
+            if wanted and not inspect.signature(test).parameters:
+                names.append(f"{module.__name__.rpartition('.')[2]}.{name}")
     return names
 
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("name", _portable_cases())
 def test_ordering_holds_with_the_portable_family_on_postgresql(name: str, portable: None) -> None:
-    from tests.unit import test_ordering
+    import importlib
 
-    getattr(test_ordering, name)()
+    module, _, test = name.partition(".")
+    getattr(importlib.import_module(f"tests.unit.{module}"), test)()

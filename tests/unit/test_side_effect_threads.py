@@ -17,7 +17,7 @@ from django_inbox import CarryRunExecutor, carry_run, deliver, signals
 from django_inbox.models import InboxMessage
 from django_inbox.side_effects import current_message
 from tests.conftest import handler
-from tests.unit.test_reruns import drain, rerun
+from tests.unit.test_side_effects import drain, rerun
 
 pytestmark = pytest.mark.django_db(transaction=True)
 RECEIPT = "effects.inbox_handlers.send_receipt"
