@@ -28,7 +28,7 @@ from ..ordered import holding, ordering
 from ..outcomes import Outcome
 from ..processing import interruptions
 from ..processing.attempts import (
-    attempt,
+    attempt_one,
     failure,
     failure_outcome,
     processed,
@@ -277,12 +277,7 @@ def deliver_existing(
     if status in (Status.RECEIVED, Status.FAILED, Status.IN_PROGRESS):
         claimed = claim_batch(row.consumer, 1, using=using, message_id=row.message_id)
         if claimed:
-            try:
-                attempted = attempt(claimed[0], using=using)
-            except Exception as exc:
-                if connection_lost(exc, using):
-                    interruptions.note(claimed, using=using, running=claimed[0], error=exc)
-                raise
+            attempted = attempt_one(claimed, using)
             run_released(row.consumer, list(attempted.released), using, limit=INLINE_RELEASED)
             return attempted.outcome
         status = statements.current_status(row.consumer, row.message_id, using)

@@ -120,6 +120,17 @@ def unreadable_reason(message: InboxMessage) -> str | None:
     return f"{why}; the handler did not run" if why else None
 
 
+def attempt_one(claimed: list[InboxMessage], using: str) -> Attempted:
+    """Attempt the row a claim by id returned; if the database connection is lost meanwhile,
+    note the row to give back once the database answers (the error is raised on)."""
+    try:
+        return attempt(claimed[0], using=using)
+    except Exception as exc:
+        if connection_lost(exc, using):
+            interruptions.note(claimed, using=using, running=claimed[0], error=exc)
+        raise
+
+
 def run_released(
     consumer: str,
     message_ids: list[str],
@@ -140,12 +151,7 @@ def run_released(
         claimed = claim_batch(consumer, 1, using=using, message_id=pending.pop(0))
         if not claimed:
             continue
-        try:
-            attempted = attempt(claimed[0], using=using)
-        except Exception as exc:
-            if connection_lost(exc, using):
-                interruptions.note(claimed, using=using, running=claimed[0], error=exc)
-            raise
+        attempted = attempt_one(claimed, using)
         outcomes.append(attempted.outcome)
         pending.extend(attempted.released)
     return outcomes

@@ -49,6 +49,21 @@ def send(queue: Any, body: Any, **properties: Any) -> Any:
     return message
 
 
+def not_json(queue: Any, message_id: str) -> Any:
+    """A message whose body is not the JSON its content type says."""
+    connection, bound = queue
+    connection.Producer().publish(
+        b"{not json",
+        exchange=bound.exchange,
+        routing_key="acking-test",
+        content_type="application/json",
+        content_encoding="utf-8",
+        message_id=message_id,
+        headers={"type": "effect.write"},
+    )
+    return bound.get(no_ack=False)
+
+
 def acker(commit_every: int = 1) -> Acker:
     intake = Intake(
         consumer=CONSUMER,
@@ -105,17 +120,7 @@ def test_a_message_without_an_id_is_refused_and_nothing_is_stored(queue: Any) ->
 
 
 def test_a_message_that_is_not_json_is_kept_dead_and_acknowledged(queue: Any) -> None:
-    connection, bound = queue
-    connection.Producer().publish(
-        b"{not json",
-        exchange=bound.exchange,
-        routing_key="acking-test",
-        content_type="application/json",
-        content_encoding="utf-8",
-        message_id="c-1",
-        headers={"type": "effect.write"},
-    )
-    message = bound.get(no_ack=False)
+    message = not_json(queue, "c-1")
     acking = acker()
     acking.take(message)
     assert message._state == "ACK"
@@ -124,21 +129,11 @@ def test_a_message_that_is_not_json_is_kept_dead_and_acknowledged(queue: Any) ->
 
 
 def test_a_message_kept_dead_commits_the_open_batch_first(queue: Any) -> None:
-    connection, bound = queue
     acking = acker(commit_every=5)
     batched = send(queue, effect("d-1"), message_id="d-1")
     acking.take(batched)
     assert not batched.acknowledged
-    connection.Producer().publish(
-        b"{not json",
-        exchange=bound.exchange,
-        routing_key="acking-test",
-        content_type="application/json",
-        content_encoding="utf-8",
-        message_id="d-2",
-        headers={"type": "effect.write"},
-    )
-    dead = bound.get(no_ack=False)
+    dead = not_json(queue, "d-2")
     acking.take(dead)  # it commits on its own: what came before commits first
     assert batched._state == "ACK" and dead._state == "ACK"
     first, second = InboxMessage.objects.order_by("pk")
