@@ -111,6 +111,26 @@ ensure_chromium() {
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
 }
 
+# MariaDB: the migrations are proven on it (tests/system/test_mariadb_migrations.py). The
+# driver, mysqlclient, compiles against Debian's client headers: install them before the
+# project; start the server if it is down.
+ensure_mariadb_client() {
+    [ -f /usr/include/mariadb/mysql.h ] && return
+    step "installing MariaDB's client headers (Debian package libmariadb-dev)"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        libmariadb-dev pkg-config
+}
+
+ensure_mariadb() {
+    port_open 3306 && return
+    step "starting MariaDB"
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+    wait_for_port 3306 MariaDB
+}
+
 # phase NAME COMMAND…: run a phase of a script, print its time, remember how it ended.
 PHASES=()
 FAILED=0

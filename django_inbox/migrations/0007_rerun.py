@@ -39,5 +39,6 @@ class Migration(migrations.Migration):
                 ),
             ),
         ),
-        migrations.RunPython(keep_default, migrations.RunPython.noop, elidable=True),
+        # DDL: outside a transaction on MySQL and MariaDB, which cannot roll DDL back.
+        migrations.RunPython(keep_default, migrations.RunPython.noop, elidable=True, atomic=False),
     ]
