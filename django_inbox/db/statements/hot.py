@@ -155,8 +155,23 @@ def _insert_with_savepoint(row: NewRow, now: datetime, using: str) -> int | None
             message = InboxMessage(**fields)
             message.save(using=using, force_insert=True)
     except IntegrityError:
+        if not _pair_exists(row, using):
+            raise  # another constraint refused the row: not a duplicate, never acknowledged
         return None
     return int(message.pk)
+
+
+def _pair_exists(row: NewRow, using: str) -> bool:
+    """Whether ``(consumer, message_id)`` has a row: what alone makes an insert's
+    ``IntegrityError`` a duplicate (a user's unique index, or MariaDB's check of a JSON
+    column, refuses rows too). Read with a lock: a plain read in ``REPEATABLE READ`` (MariaDB's
+    default) keeps its snapshot and would miss the row a concurrent transaction just
+    committed."""
+    with transaction.atomic(using=using):
+        pair = InboxMessage.objects.using(using).filter(
+            consumer=row.consumer, message_id=row.message_id
+        )
+        return pair.select_for_update().exists()
 
 
 def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tuple[str, str], int]:

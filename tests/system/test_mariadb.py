@@ -1,9 +1,10 @@
-"""Every migration of the inbox and of the outbox applies and reverses on MariaDB, by real
-``migrate`` runs in a database of its own: forward on a fresh database, both apps back to
-zero, forward again, and back to ``0010`` and forward (the upgrading how-to's rollback). Each
-``migrate`` runs with warnings as errors for the inbox's own migrations. On MariaDB, DDL cannot
-be rolled back: ``0007`` ran its ``ALTER TABLE`` inside a transaction and every ``migrate``
-stopped there (``TransactionManagementError``).
+"""The inbox on MariaDB, by real processes on a database of their own.
+
+Every migration of the inbox and of the outbox applies and reverses, by real ``migrate`` runs:
+forward on a fresh database, both apps back to zero, forward again, and back to ``0010`` and
+forward (the upgrading how-to's rollback). On MariaDB, DDL cannot be rolled back: ``0007`` ran
+its ``ALTER TABLE`` inside a transaction and every ``migrate`` stopped there
+(``TransactionManagementError``).
 
 Needs MariaDB at ``INBOX_TEST_MARIADB`` (default ``mysql://root@127.0.0.1:3306``) and
 ``mysqlclient`` (``./scripts/test`` installs both). Fails, never skips, without them."""
@@ -69,3 +70,43 @@ def test_every_migration_applies_and_reverses_on_mariadb(
     _migrate(manage, mariadb, "django_inbox", "0010")
     _migrate(manage, mariadb)
     assert _applied(manage, mariadb) == every
+
+
+#: Run by ``manage.py shell`` on MariaDB: a user's unique index on ``(consumer, key,
+#: sequence)`` refuses the second row of a version; ``store()`` and ``deliver()`` must raise,
+#: not answer a duplicate that nothing stored (the message would be acknowledged and lost).
+CONFLICT_SCRIPT = """
+from django.db import IntegrityError, connection
+from django_inbox import deliver, store
+with connection.cursor() as cursor:
+    cursor.execute(
+        "CREATE UNIQUE INDEX user_version ON django_inbox_inboxmessage (consumer, `key`, sequence)"
+    )
+message = dict(consumer="effects", event_type="effect.write", payload={}, key="k", sequence=1)
+print("first", store(message_id="u-1", **message))
+print("copy", store(message_id="u-1", **message))
+for call in (store, deliver):
+    try:
+        print(call.__name__, call(message_id=f"u-2-{call.__name__}", **message))
+    except IntegrityError:
+        print(call.__name__, "refused")
+"""
+
+
+CALLS = ("first", "copy", "store", "deliver")
+
+
+def test_only_the_pair_makes_an_insert_a_duplicate_on_mariadb(
+    manage: Callable[..., Popen[str]], mariadb: str
+) -> None:
+    _migrate(manage, mariadb)
+    proc = manage("shell", "-c", CONFLICT_SCRIPT, env={"DATABASE_URL": mariadb})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    said = [line for line in out.splitlines() if line.split(" ")[0] in CALLS]
+    assert said == [
+        "first True",
+        "copy False",
+        "store refused",
+        "deliver refused",
+    ], out
