@@ -113,10 +113,9 @@ def encode_json(
     :class:`PayloadTooLarge` when the UTF-8 encoding exceeds ``max_bytes`` (the limit named
     ``bytes_setting`` in the error).
     """
+    said = "INBOX_MAX_JSON_DEPTH allows"
     if max_depth is None:
-        from ..conf import inbox_settings
-
-        max_depth = inbox_settings.max_json_depth
+        max_depth, said = max_json_depth()
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except ValueError as exc:
@@ -126,9 +125,9 @@ def encode_json(
     except TypeError as exc:
         raise InvalidPayload(f"{name} is not JSON-serialisable: {exc}") from None
     except RecursionError:
-        raise InvalidPayload(_too_deep(name, max_depth)) from None
+        raise InvalidPayload(_too_deep(name, max_depth, said)) from None
     if nesting_exceeds(text, max_depth):
-        raise InvalidPayload(_too_deep(name, max_depth))
+        raise InvalidPayload(_too_deep(name, max_depth, said))
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
@@ -190,8 +189,28 @@ def nesting_exceeds(text: str, limit: int) -> bool:
     return False
 
 
-def _too_deep(name: str, limit: int) -> str:
+#: MariaDB checks its JSON columns with ``json_valid()``, which refuses a value nested 32
+#: levels or more (MySQL's own JSON type takes 100).
+MARIADB_JSON_DEPTH = 31
+
+
+def max_json_depth() -> tuple[int, str]:
+    """The deepest nesting a stored value may have (``INBOX_MAX_JSON_DEPTH``, or less where
+    the inbox's database cannot store it), and what sets it, for the error."""
+    from django.db import connections
+
+    from ..conf import inbox_settings
+
+    depth = inbox_settings.max_json_depth
+    if depth > MARIADB_JSON_DEPTH:
+        connection = connections[inbox_settings.database]
+        if connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
+            return MARIADB_JSON_DEPTH, "MariaDB's JSON columns (json_valid) allow"
+    return depth, "INBOX_MAX_JSON_DEPTH allows"
+
+
+def _too_deep(name: str, limit: int, said: str = "INBOX_MAX_JSON_DEPTH allows") -> str:
     return (
-        f"{name} is nested more than {limit} levels deep; INBOX_MAX_JSON_DEPTH allows {limit} "
+        f"{name} is nested more than {limit} levels deep; {said} {limit} "
         "(deeper values can stop the processes that read them back)"
     )

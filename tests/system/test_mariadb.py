@@ -110,3 +110,54 @@ def test_only_the_pair_makes_an_insert_a_duplicate_on_mariadb(
         "store refused",
         "deliver refused",
     ], out
+
+
+#: MariaDB refuses JSON nested 32 levels or more (``json_valid``): such a payload or header is
+#: refused up front with a reason naming MariaDB, by ``store()``, ``deliver()`` and the
+#: outbox's ``publish()``; 31 levels are stored.
+DEPTH_SCRIPT = """
+from django.db import transaction
+from django_inbox import InvalidPayload, deliver, store
+from django_inbox.outbox import publish
+
+def nested(levels):
+    value = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+message = dict(consumer="effects", event_type="effect.write")
+print("store31", store(message_id="d-31", payload=nested(31), **message))
+for name, call in (
+    ("store", lambda: store(message_id="d-32", payload=nested(32), **message)),
+    ("deliver", lambda: deliver(message_id="d-32b", payload={"a": nested(31)}, **message)),
+    ("headers", lambda: store(message_id="d-32c", payload={}, headers={"h": nested(31)}, **message)),  # noqa: E501
+    ("publish", lambda: publish("t", nested(32), routing_key="r")),
+):
+    try:
+        with transaction.atomic():
+            call()
+        print(name, "stored")
+    except InvalidPayload as exc:
+        print(name, "refused", "MariaDB" in str(exc))
+"""
+
+
+def test_json_too_deep_for_mariadb_is_refused_up_front(
+    manage: Callable[..., Popen[str]], mariadb: str
+) -> None:
+    _migrate(manage, mariadb)
+    proc = manage("shell", "-c", DEPTH_SCRIPT, env={"DATABASE_URL": mariadb})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    said = [line for line in out.splitlines() if line.split(" ")[0] in DEPTHS]
+    assert said == [
+        "store31 True",
+        "store refused True",
+        "deliver refused True",
+        "headers refused True",
+        "publish refused True",
+    ], out
+
+
+DEPTHS = ("store31", "store", "deliver", "headers", "publish")
