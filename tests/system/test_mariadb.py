@@ -131,7 +131,9 @@ print("store31", store(message_id="d-31", payload=nested(31), **message))
 for name, call in (
     ("store", lambda: store(message_id="d-32", payload=nested(32), **message)),
     ("deliver", lambda: deliver(message_id="d-32b", payload={"a": nested(31)}, **message)),
-    ("headers", lambda: store(message_id="d-32c", payload={}, headers={"h": nested(31)}, **message)),  # noqa: E501
+    ("headers", lambda: store(
+        message_id="d-32c", payload={}, headers={"h": nested(31)}, **message
+    )),
     ("publish", lambda: publish("t", nested(32), routing_key="r")),
 ):
     try:
@@ -161,3 +163,32 @@ def test_json_too_deep_for_mariadb_is_refused_up_front(
 
 
 DEPTHS = ("store31", "store", "deliver", "headers", "publish")
+
+
+#: Ids and keys that MariaDB's default collations hold equal: each must be its own message (and
+#: its own ordered key), run once.
+EXACT_SCRIPT = """
+from django_inbox import deliver
+ids = ["evt-ABC", "evt-abc", "\\u00e9vt-1", "evt-1", "evt-2", "evt-2 "]
+ids += ["\\U0001F600", "\\U0001F601"]
+for message_id in ids:
+    print("id", deliver(consumer="effects", message_id=message_id, event_type="effect.write",
+                        payload={}))
+for key in ("ORDER-x", "order-x"):
+    print("key", deliver(consumer="ordered", message_id=f"{key}-1", event_type="ordered.apply",
+                         payload={}, key=key, sequence=1))
+for message_id in ids:
+    print("again", deliver(consumer="effects", message_id=message_id, event_type="effect.write",
+                           payload={}))
+"""
+
+
+def test_ids_and_keys_are_exact_strings_on_mariadb(
+    manage: Callable[..., Popen[str]], mariadb: str
+) -> None:
+    _migrate(manage, mariadb)
+    proc = manage("shell", "-c", EXACT_SCRIPT, env={"DATABASE_URL": mariadb})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    said = [line for line in out.splitlines() if line.split(" ")[0] in ("id", "key", "again")]
+    assert said == ["id processed"] * 8 + ["key processed"] * 2 + ["again duplicate"] * 8, out
