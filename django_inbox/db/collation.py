@@ -1,8 +1,7 @@
 """Exact comparison of names on MySQL and MariaDB: a binary collation without padding.
 
-What :mod:`django_inbox.migrations.0013_exact_identities` (and the outbox's ``0002``) apply,
-and what check ``django_inbox.E020`` looks for. Elsewhere nothing is done: PostgreSQL and
-SQLite compare text exactly.
+What ``django_inbox.migrations.0013_exact_identities`` (and the outbox's ``0002``) apply.
+Elsewhere nothing is done: PostgreSQL and SQLite compare text exactly.
 """
 
 from __future__ import annotations
