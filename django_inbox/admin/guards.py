@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import django
 from django.core.exceptions import BadRequest, FieldDoesNotExist
 from django.db import models
 from django.db.models.constants import LOOKUP_SEP
@@ -24,8 +23,6 @@ def payload_lookup_allowed(
         return False
     if not plain_lookup(admin_.model, lookup):
         return False
-    if django.VERSION < (5, 0):  # lookup_allowed() takes the request since Django 5.0
-        return bool(parent.lookup_allowed(lookup, value))
     return bool(parent.lookup_allowed(lookup, value, request))
 
 
