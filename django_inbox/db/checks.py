@@ -1,6 +1,7 @@
 """The system checks of the inbox's database: it must be in ``DATABASES``, with real
 transactions (E008, E009), on an engine the guarantees are tested on (W002), keep its
-workers' connections long enough (W004) and store any text (W005, asked of the server).
+workers' connections long enough (W004), store any text (W005, asked of the server) and, on
+SQLite, let several processes take turns writing (W006).
 Tagged ``database``; all but W005 run with a plain ``manage.py check``."""
 
 from __future__ import annotations
@@ -58,9 +59,33 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     errors += _reconnecting(alias, config, engine)
+    errors += _sqlite_writers(alias, config, engine)
     if alias in (kwargs.get("databases") or ()):
         errors += _encoding(alias)
     return errors
+
+
+def _sqlite_writers(alias: str, config: dict[str, Any], engine: str) -> list[CheckMessage]:
+    """W006: on SQLite, several processes (a worker and ``deliver()`` from a web process, or
+    two workers) share one writer. A transaction that begins by reading and later writes
+    cannot wait for the write lock (SQLite answers ``database is locked`` at once): with
+    ``transaction_mode`` ``IMMEDIATE`` each transaction takes the lock when it begins, and
+    waits up to ``timeout`` for it."""
+    if "sqlite" not in engine:
+        return []
+    options = config.get("OPTIONS", {}) or {}
+    if str(options.get("transaction_mode", "")).upper() == "IMMEDIATE":
+        return []
+    return [
+        Warning(
+            f"DATABASES[{alias!r}] is SQLite without OPTIONS['transaction_mode'] = 'IMMEDIATE': "
+            "a worker and any other process writing the inbox (deliver() from a web process, "
+            "another worker) fail with 'database is locked' instead of taking turns.",
+            hint="Set OPTIONS = {'transaction_mode': 'IMMEDIATE', 'timeout': 30} on it, or run "
+            "one process only.",
+            id="django_inbox.W006",
+        )
+    ]
 
 
 def _encoding(alias: str) -> list[CheckMessage]:

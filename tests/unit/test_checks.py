@@ -293,10 +293,29 @@ def test_w002_unsupported_engine(databases) -> None:  # type: ignore[no-untyped-
     assert "oracle" in errors[0].msg
 
 
-@pytest.mark.parametrize("engine", ["django.db.backends.postgresql", "django.db.backends.sqlite3"])
-def test_supported_engines_pass(databases, engine: str) -> None:  # type: ignore[no-untyped-def]
-    with databases(inbox={"ENGINE": engine}), override_settings(INBOX_DATABASE="inbox"):
+IMMEDIATE = {"OPTIONS": {"transaction_mode": "IMMEDIATE"}}
+
+
+@pytest.mark.parametrize(
+    "inbox",
+    [
+        {"ENGINE": "django.db.backends.postgresql"},
+        {"ENGINE": "django.db.backends.sqlite3", **IMMEDIATE},
+    ],
+)
+def test_supported_engines_pass(databases, inbox: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    with databases(inbox=inbox), override_settings(INBOX_DATABASE="inbox"):
         assert check_database() == []
+
+
+@pytest.mark.parametrize("options", [{}, {"transaction_mode": "DEFERRED"}, {"timeout": 30}])
+def test_w006_sqlite_without_immediate_transactions(databases, options: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    inbox = {"ENGINE": "django.db.backends.sqlite3", "OPTIONS": options}
+    with databases(inbox=inbox), override_settings(INBOX_DATABASE="inbox"):
+        errors = check_database()
+    assert ids(errors) == ["django_inbox.W006"]
+    assert "database is locked" in errors[0].msg
+    assert "IMMEDIATE" in (errors[0].hint or "")
 
 
 def test_check_database_only_looks_at_the_inbox_alias(databases) -> None:  # type: ignore[no-untyped-def]
@@ -322,7 +341,7 @@ def test_w004_not_for_ages_that_keep_the_connection(databases, max_age: Any) -> 
 
 
 def test_w004_only_on_postgresql(databases) -> None:  # type: ignore[no-untyped-def]
-    inbox = {"ENGINE": "django.db.backends.sqlite3", "CONN_MAX_AGE": 10}
+    inbox = {"ENGINE": "django.db.backends.sqlite3", "CONN_MAX_AGE": 10, **IMMEDIATE}
     with databases(inbox=inbox), override_settings(INBOX_DATABASE="inbox"):
         assert check_database() == []
 
