@@ -131,6 +131,34 @@ ensure_mariadb() {
     wait_for_port 3306 MariaDB
 }
 
+# find_python VERSION: an interpreter of Python VERSION (3.12) that runs: one of pyenv's, or one
+# on PATH (a pyenv shim on PATH fails when that version is not selected: it is tried, not
+# trusted).
+find_python() {
+    local version="$1" candidate
+    for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$version".*/bin/"python$version" \
+        "$(command -v "python$version" 2>/dev/null)"; do
+        [ -n "$candidate" ] && [ -x "$candidate" ] || continue
+        if "$candidate" -c 'import sys' >/dev/null 2>&1; then
+            echo "$candidate"
+            return
+        fi
+    done
+    echo "Python $version is not installed (not in pyenv, none on PATH runs)" >&2
+    return 1
+}
+
+# matrix_venv VERSION DJANGO: .venv-pyVERSION with Python VERSION, the project's test extras and
+# Django DJANGO ("5.2": the newest 5.2.x), for the matrix's fast subset.
+matrix_venv() {
+    local version="$1" django="$2" python dir=".venv-py$1"
+    python="$(find_python "$version")" || return 1
+    [ -x "$dir/bin/python" ] || "$python" -m venv "$dir" || return 1
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip &&
+        "$dir/bin/python" -m pip install --quiet --disable-pip-version-check \
+            -e ".[test,celery,prometheus]" "django~=$django.0"
+}
+
 # phase NAME COMMAND…: run a phase of a script, print its time, remember how it ended.
 PHASES=()
 FAILED=0

@@ -24,7 +24,6 @@ from tests.conftest import handler
 from tests.unit.test_events import (
     CONSUMER,
     EVENT,
-    QUIET_RECEIVER_FAILURES,
     CollectorRegistry,
     Manage,
     Status,
@@ -120,8 +119,7 @@ def test_canary_in_payloads_and_headers_never_reaches_a_log_line(
         if message is not None:
             raise RuntimeError(f"the receiver saw {message.payload}")
 
-    if QUIET_RECEIVER_FAILURES:
-        signals.message_processed.connect(nosy, weak=False, dispatch_uid="test.canary.nosy")
+    signals.message_processed.connect(nosy, weak=False, dispatch_uid="test.canary.nosy")
     try:
         with handler("effect.leaky", CONSUMER, leaky):
             # In process: deliver, duplicates, retries, dead letters, parking, unhandled types.
@@ -302,8 +300,8 @@ def test_canary_in_payloads_and_headers_never_reaches_a_log_line(
     assert {r.inbox_error_type for r in leaky_lines if r.levelno >= logging.WARNING} == {  # type: ignore[attr-defined]
         "ValueError"
     }
-    if QUIET_RECEIVER_FAILURES:  # the receiver's failure is logged, without its message
-        assert sum("nosy" in r.getMessage() for r in caplog.records) == 6
+    # the receiver's failure is logged, without its message
+    assert sum("nosy" in r.getMessage() for r in caplog.records) == 6
     for outcome in outcomes[2:]:
         assert f": {outcome}" in process_err, process_err[-3000:]
     assert ": reclaimed" in process_err
