@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
+from django.db.models import QuerySet
 
 from . import history
 from .conf import inbox_settings
@@ -144,6 +145,23 @@ class Portable:
             changes["processed_at"] = now
         return leases.set_aside(message, status, changes, now, using)
 
+    # -- purge ---------------------------------------------------------------------------
+
+    def delete_batch(
+        self, rows: QuerySet[InboxMessage], status: str, limit: int, using: str
+    ) -> list[int]:
+        """In the caller's transaction: delete the first ``limit`` of ``rows`` by primary key
+        (all in ``status``), skipping rows another transaction holds; return their ids. The
+        ids are selected, locked, then deleted: MariaDB and MySQL refuse a ``LIMIT`` inside
+        ``IN (…)``, and MySQL has no ``DELETE … RETURNING``."""
+        chosen = rows.order_by("pk")
+        if connections[using].features.has_select_for_update_skip_locked:
+            chosen = chosen.select_for_update(skip_locked=True)
+        ids = list(chosen.values_list("pk", flat=True)[:limit])
+        if ids:
+            with_status(InboxMessage.objects.using(using).filter(pk__in=ids), status).delete()
+        return ids
+
     # -- an operator's actions ------------------------------------------------------------
 
     def change_appending_history(
@@ -254,6 +272,15 @@ class PostgreSQL(Portable):
         return statements.set_aside(
             message.pk, message.lease_id, status, next_attempt_at, last_error, now, using
         )
+
+    def delete_batch(
+        self, rows: QuerySet[InboxMessage], status: str, limit: int, using: str
+    ) -> list[int]:
+        """One statement: ``DELETE … WHERE id = ANY(ARRAY(<the locking selection>)) AND status
+        = … RETURNING id`` (see :func:`django_inbox.db.statements.delete_selected`)."""
+        inner = rows.order_by("pk").values("pk")[:limit].select_for_update(skip_locked=True)
+        sql, params = inner.query.get_compiler(using).as_sql()
+        return statements.delete_selected(sql, list(params), status, using)
 
     def change_appending_history(
         self,

@@ -48,6 +48,15 @@ def first_of_key(using: str) -> RawSQL:
     """
     table, quote = _table(using)
     key, pk, status = quote("key"), quote("id"), quote("status")
+    if connections[using].vendor == "mysql":
+        # MySQL and MariaDB refuse an outer column inside a derived table: the plain form,
+        # which their (key, id) index answers with one probe.
+        return RawSQL(
+            f"NOT EXISTS (SELECT 1 FROM {table} e WHERE e.{status} = 'pending' "
+            f"AND e.{key} = {table}.{key} AND e.{pk} < {table}.{pk})",
+            (),
+            output_field=BooleanField(),
+        )
     return RawSQL(
         f"NOT EXISTS (SELECT 1 FROM (SELECT e.{key} FROM {table} e "
         f"WHERE e.{status} = 'pending' AND e.{key} <> '' "
@@ -98,7 +107,10 @@ def claim(limit: int, using: str, *, now: datetime | None = None) -> tuple[str, 
     features = connections[using].features
     with transaction.atomic(using=using):
         if features.has_select_for_update_skip_locked:
-            rows = rows.select_for_update(skip_locked=True, of=("self",))
+            # OF: lock the claimed rows only, not those the key test reads (MySQL and MariaDB
+            # have no OF, and lock what the statement reads).
+            of = ("self",) if features.has_select_for_update_of else ()
+            rows = rows.select_for_update(skip_locked=True, of=of)
         elif features.has_select_for_update:
             rows = rows.select_for_update()
         found = list(
@@ -299,7 +311,7 @@ def give_back(pks: list[int], lease_id: str, using: str) -> int:
         OutboxMessage.objects.using(using)
         .filter(pk__in=pks, lease_id=fence(lease_id))
         .update(
-            attempts=Greatest(F("attempts") - 1, Value(0)),
+            attempts=Greatest(F("attempts"), Value(1)) - 1,  # unsigned on MySQL: never 0 - 1
             next_attempt_at=now,
             locked_until=None,
             lease_id="",

@@ -55,7 +55,9 @@ def fenced(row: InboxMessage, using: str) -> QuerySet[InboxMessage]:
 
 
 #: The attempt a claim counted, taken back: never below 0 (a row written by hand may hold 0).
-UNCOUNTED = Greatest(F("attempts") - 1, Value(0))
+#: Raised to 1 before the subtraction: MySQL and MariaDB compute ``attempts - 1`` in the
+#: column's unsigned type, where ``0 - 1`` is an error rather than -1.
+UNCOUNTED = Greatest(F("attempts"), Value(1)) - 1
 
 
 def _cleared(now: datetime) -> dict[str, Any]:

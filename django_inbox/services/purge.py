@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from .. import lifecycle
 from ..conf import inbox_settings
-from ..db import statements
+from ..families import family
 from ..models import InboxMessage
 from ..ordered import gaps
 from .rerun import ordered_consumers
@@ -223,10 +223,5 @@ def _delete_dead_versions(rows: Any) -> int:
 def _delete_batch(rows: Any, status: str, limit: int) -> list[int]:
     """Delete the first ``limit`` rows of ``rows`` by pk, skipping locked ones; return their pks."""
     using = inbox_settings.database
-    connection = connections[using]
     with transaction.atomic(using=using):
-        inner = rows.order_by("pk").values("pk")[:limit]
-        if connection.features.has_select_for_update_skip_locked:
-            inner = inner.select_for_update(skip_locked=True)
-        sql, params = inner.query.get_compiler(using).as_sql()
-        return statements.delete_selected(sql, list(params), status, using)
+        return family(using).delete_batch(rows, status, limit, using)

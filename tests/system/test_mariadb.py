@@ -192,3 +192,50 @@ def test_ids_and_keys_are_exact_strings_on_mariadb(
     assert proc.returncode == 0, err[-3000:]
     said = [line for line in out.splitlines() if line.split(" ")[0] in ("id", "key", "again")]
     assert said == ["id processed"] * 8 + ["key processed"] * 2 + ["again duplicate"] * 8, out
+
+
+#: Statements that MariaDB refused or computed otherwise (found by running the unit suite on
+#: it): purge's batch (a LIMIT inside IN), giving back a row at 0 attempts (attempts - 1 in an
+#: unsigned column), a JSON null payload (SQL NULL in a NOT NULL column), and the outbox's claim
+#: (an outer column in a derived table; FOR UPDATE OF).
+STATEMENTS_SCRIPT = """
+from datetime import timedelta
+from django.utils import timezone
+from django_inbox import store
+from django_inbox.models import InboxMessage
+from django_inbox.outbox import publish
+from django_inbox.outbox import rows as outbox_rows
+from django_inbox.processing import leases
+from django_inbox.processing.claims import claim_batch
+from django_inbox.services import purge
+
+message = dict(consumer="effects", event_type="effect.write")
+print("null", store(message_id="n-1", payload=None, **message))
+store(message_id="p-1", payload={}, **message)
+InboxMessage.objects.filter(message_id="p-1").update(
+    status="completed", processed_at=timezone.now() - timedelta(days=400)
+)
+print("purged", purge(statuses=("completed",), older_than=0).deleted.get("completed"))
+store(message_id="g-1", payload={}, **message)
+[row] = claim_batch("effects", 1, message_id="g-1")
+InboxMessage.objects.filter(pk=row.pk).update(attempts=0)
+print("given", leases.release(row, timezone.now(), "default"))
+for n in range(3):
+    publish("order.placed", {"n": n}, routing_key="orders", key="K")
+lease, claimed = outbox_rows.claim(10, "default")
+print("claimed", len(claimed))
+"""
+
+
+def test_the_statements_mariadb_refused_work_there(
+    manage: Callable[..., Popen[str]], mariadb: str
+) -> None:
+    _migrate(manage, mariadb)
+    proc = manage("shell", "-c", STATEMENTS_SCRIPT, env={"DATABASE_URL": mariadb})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    said = [line for line in out.splitlines() if line.split(" ")[0] in STATEMENTS]
+    assert said == ["null True", "purged 1", "given 1", "claimed 1"], out
+
+
+STATEMENTS = ("null", "purged", "given", "claimed")

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.models import JSONField, Value
 
 from ...models import InboxMessage
 from .. import preparing
@@ -149,7 +150,10 @@ def _key(row: NewRow) -> tuple[str, str]:
 def _insert_with_savepoint(row: NewRow, now: datetime, using: str) -> int | None:
     fields: dict[str, Any] = {**vars(row), "received_at": now, "updated_at": now}
     for name in JSON_COLUMNS:
-        fields[name] = json.loads(fields[name])
+        value = json.loads(fields[name])
+        # JSON's null, not SQL's NULL (which the NOT NULL column refuses): as PostgreSQL's
+        # statement stores it.
+        fields[name] = Value(None, output_field=JSONField()) if value is None else value
     try:
         with transaction.atomic(using=using):
             message = InboxMessage(**fields)
