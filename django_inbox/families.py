@@ -69,7 +69,7 @@ class Portable:
         (``first - 1`` applied for a new key); ``None``: another transaction holds it and
         ``wait`` is false."""
         connection = connections[using]
-        rows = InboxKey.objects.using(using).filter(consumer=consumer, key=key)
+        plain = rows = InboxKey.objects.using(using).filter(consumer=consumer, key=key)
         columns = ("applied_sequence", "rerun_through")
         if connection.features.has_select_for_update:
             if connection.features.has_select_for_update_skip_locked and not wait:
@@ -79,6 +79,10 @@ class Portable:
             found = list(rows.values_list(*columns))
             if found:
                 return KeyState(*found[0])
+            if not wait and plain.exists():
+                # Skipped: another transaction holds the key. The insert below would wait for
+                # it (MariaDB's INSERT IGNORE) or not lock it at all (ON CONFLICT DO NOTHING).
+                return None
         # A new key (or, on SQLite, any key: the insert takes the database's write lock
         # before the read, so two processes cannot both read the same applied sequence).
         InboxKey.objects.using(using).bulk_create(

@@ -66,7 +66,11 @@ def restore_columns(schema_editor: Any, model: Any, columns: dict[str, int]) -> 
     def default_of(cursor: Any, charset: str, default: str) -> str:
         if default.startswith(charset + "_"):
             return default
-        cursor.execute("SHOW CHARACTER SET WHERE Charset = %s", [charset])
-        return str(cursor.fetchone()[1])
+        cursor.execute(
+            "SELECT DEFAULT_COLLATE_NAME FROM information_schema.CHARACTER_SETS "
+            "WHERE CHARACTER_SET_NAME = %s",
+            [charset],
+        )
+        return str(cursor.fetchone()[0])
 
     _alter(schema_editor, model, columns, default_of)

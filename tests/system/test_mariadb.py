@@ -239,3 +239,51 @@ def test_the_statements_mariadb_refused_work_there(
 
 
 STATEMENTS = ("null", "purged", "given", "claimed")
+
+
+#: A worker's lock of a key another transaction holds must not wait (the worker gives the row
+#: back and runs other keys): the portable lock went on to ``INSERT IGNORE`` the key, which
+#: waits for the holder, here until a 1-second lock wait timeout failed it.
+BUSY_KEY_SCRIPT = """
+import threading
+from django.db import connection, connections, transaction
+from django_inbox.families import Portable
+
+portable = Portable()
+with transaction.atomic():
+    portable.lock_key("ordered", "K", 1, "default", wait=True)
+held, done = threading.Event(), threading.Event()
+
+def holder():
+    try:
+        with transaction.atomic():
+            portable.lock_key("ordered", "K", 1, "default", wait=True)
+            held.set()
+            done.wait(timeout=30)
+    finally:
+        connections.close_all()
+
+thread = threading.Thread(target=holder)
+thread.start()
+held.wait(timeout=30)
+with connection.cursor() as cursor:
+    cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+try:
+    with transaction.atomic():
+        print("busy", portable.lock_key("ordered", "K", 1, "default", wait=False))
+except Exception as exc:
+    print("busy", type(exc).__name__)
+finally:
+    done.set()
+    thread.join()
+"""
+
+
+def test_a_worker_never_waits_for_a_held_key_on_mariadb(
+    manage: Callable[..., Popen[str]], mariadb: str
+) -> None:
+    _migrate(manage, mariadb)
+    proc = manage("shell", "-c", BUSY_KEY_SCRIPT, env={"DATABASE_URL": mariadb})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert [line for line in out.splitlines() if line.startswith("busy ")] == ["busy None"], out

@@ -106,3 +106,39 @@ def test_ordering_holds_with_the_portable_family_on_postgresql(name: str, portab
 
     module, _, test = name.partition(".")
     getattr(importlib.import_module(f"tests.unit.{module}"), test)()
+
+
+@pytest.mark.postgres
+def test_a_portable_lock_that_must_not_wait_reports_a_held_key_busy() -> None:
+    """Another transaction holds the key: the portable lock answers ``None`` (busy) at once, and
+    the key once it is free. (On MariaDB it waited for the holder instead: see
+    ``tests/system/test_mariadb.py``.)"""
+    import threading
+
+    from django.db import connections, transaction
+
+    portable = Portable()
+    with transaction.atomic():
+        portable.lock_key("ordered", "K", 1, "default", wait=True)  # the key's row exists
+    held, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        try:
+            with transaction.atomic():
+                assert portable.lock_key("ordered", "K", 1, "default", wait=True) is not None
+                held.set()
+                done.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(timeout=30)
+        with transaction.atomic():
+            assert portable.lock_key("ordered", "K", 1, "default", wait=False) is None
+    finally:
+        done.set()
+        thread.join()
+    with transaction.atomic():
+        assert portable.lock_key("ordered", "K", 1, "default", wait=False) is not None

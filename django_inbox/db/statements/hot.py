@@ -168,14 +168,19 @@ def _insert_with_savepoint(row: NewRow, now: datetime, using: str) -> int | None
 def _pair_exists(row: NewRow, using: str) -> bool:
     """Whether ``(consumer, message_id)`` has a row: what alone makes an insert's
     ``IntegrityError`` a duplicate (a user's unique index, or MariaDB's check of a JSON
-    column, refuses rows too). Read with a lock: a plain read in ``REPEATABLE READ`` (MariaDB's
-    default) keeps its snapshot and would miss the row a concurrent transaction just
-    committed."""
-    with transaction.atomic(using=using):
-        pair = InboxMessage.objects.using(using).filter(
-            consumer=row.consumer, message_id=row.message_id
+    column, refuses rows too). A locking read, so that it sees the row a concurrent transaction
+    just committed (a plain read in ``REPEATABLE READ``, MariaDB's default, keeps its
+    snapshot); a shared one, so that two transactions answering the same duplicate never wait
+    for each other."""
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {quote(InboxMessage._meta.db_table)} "
+            f"WHERE {quote('consumer')} = %s AND {quote('message_id')} = %s LOCK IN SHARE MODE",
+            [row.consumer, row.message_id],
         )
-        return pair.select_for_update().exists()
+        return cursor.fetchone() is not None
 
 
 def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tuple[str, str], int]:
