@@ -40,7 +40,7 @@ class OutboxMessage(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     #: ``NULL`` on a pending row while an earlier pending row of its key holds it back: the
-    #: relay that settles that row makes it due (``rows.release``).
+    #: relay that settles that row makes it due (``held.release``).
     next_attempt_at = models.DateTimeField(
         null=True, blank=True, help_text=_("When a relay may next publish it (pending rows).")
     )

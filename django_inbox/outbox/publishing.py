@@ -134,7 +134,7 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
 
     connection = connections[using]
     # MySQL and MariaDB refuse a subquery on the table an INSERT writes: there rows are never
-    # held, and a claim passes over the later rows of a key instead (``rows.first_of_key``).
+    # held, and a claim passes over the later rows of a key instead (``held.first_of_key``).
     holds = connection.vendor in ("postgresql", "sqlite")
     returns = holds and connection.features.can_return_columns_from_insert
     sql = _sql.get((using, connection.vendor))
@@ -142,7 +142,7 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
         quote = connection.ops.quote_name
         table = quote(OutboxMessage._meta.db_table)
         json = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
-        # The first entry of the key index from the key on (``rows.first_of_key`` says why):
+        # The first entry of the key index from the key on (``held.first_of_key`` says why):
         # the key's oldest pending row, if it is this key's (``head.key = %s``).
         key = quote("key")
         xmin = ", e.xmin" if connection.vendor == "postgresql" else ""
@@ -186,7 +186,7 @@ class _Release:
         self.keys: set[str] = set()
 
     def __call__(self) -> None:
-        from .rows import release
+        from .held import release
 
         release(self.keys, self.using)
 

@@ -37,7 +37,7 @@ logger = logging.getLogger("django_inbox.outbox")
 
 #: Seconds between reconnection attempts: doubling from the first to the last.
 RECONNECT_FIRST, RECONNECT_MAX = 0.5, 10.0
-#: Seconds between sweeps for held rows that nothing released (see ``rows.sweep``): every
+#: Seconds between sweeps for held rows that nothing released (see ``held.sweep``): every
 #: ``SWEEP_EVERY``, or less often if a sweep would take more than ``SWEEP_COST`` of the time
 #: (it reads every held row).
 SWEEP_EVERY, SWEEP_COST = 5.0, 0.05

@@ -57,7 +57,7 @@ def replay_dead(rows: QuerySet[OutboxMessage], **options: Unpack[ActionOptions])
     :class:`~django_inbox.services.ActionResult`: rows changed by the status they had, the
     selected rows left alone by status, and ``(pk, event_type, message_id, "dead")`` of the
     first ``keep`` rows changed."""
-    from .rows import sweep
+    from .held import sweep
 
     actor, reason, via, dry_run, keep = options_of("replay", options)
     batch_size = options.get("batch_size", 500)

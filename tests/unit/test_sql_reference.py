@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 PAGE = ROOT / "docs" / "reference" / "sql.md"
 SOURCES = [
     *sorted((ROOT / "django_inbox" / "db" / "statements").glob("*.py")),
+    ROOT / "django_inbox" / "outbox" / "held.py",
     ROOT / "django_inbox" / "outbox" / "rows.py",
     ROOT / "django_inbox" / "outbox" / "publishing.py",
 ]
