@@ -29,6 +29,14 @@ HANDLER_TIMEOUTS = ("25P03", "57P05")
 #: (57P01, also what ``pg_terminate_backend`` sends), crash (57P02), still starting (57P03),
 #: no connection slot left (53300); and the whole class 08, connection exceptions.
 CONNECTION_ENDED = ("57P01", "57P02", "57P03", "53300")
+#: MySQL's and MariaDB's error codes of a connection that ended or was refused: can't connect
+#: (2002, 2003), server gone away (2006), lost during a query (2013) or at its start (2055),
+#: killed (1927, ``KILL CONNECTION`` on MariaDB), server shutting down (1053), no connection
+#: slot left (1040, and 1203 for the user's own limit).
+MYSQL_CONNECTION_ENDED = frozenset({1040, 1053, 1203, 1927, 2002, 2003, 2006, 2013, 2055})
+#: The handler's doing, as on PostgreSQL: MariaDB disconnected a session idle past its
+#: ``wait_timeout`` (4031), a handler sitting in its transaction.
+MYSQL_HANDLER_TIMEOUTS = frozenset({4031})
 
 
 def keep_connection(using: str) -> None:
@@ -85,6 +93,22 @@ def sqlstate(exc: BaseException) -> str | None:
     return None
 
 
+def mysql_code(exc: BaseException) -> int | None:
+    """The MySQL or MariaDB error code of ``exc`` or what caused it (``mysqlclient`` and
+    Django's wrappers of its errors carry it as their first argument); ``None`` for others."""
+    for current in _chain(exc):
+        args = getattr(current, "args", ())
+        module = type(current).__module__
+        if (
+            module.startswith(("MySQLdb", "django.db"))
+            and args
+            and isinstance(args[0], int)
+            and not isinstance(args[0], bool)
+        ):
+            return args[0]
+    return None
+
+
 def connection_lost(exc: BaseException, using: str) -> bool:
     """Whether ``exc`` came with the loss of the inbox's database connection.
 
@@ -100,6 +124,11 @@ def connection_lost(exc: BaseException, using: str) -> bool:
     """
     if lost_prepared_statement(exc):
         return True
+    code = mysql_code(exc) if connections[using].vendor == "mysql" else None
+    if code in MYSQL_HANDLER_TIMEOUTS:
+        return False
+    if code in MYSQL_CONNECTION_ENDED:
+        return True  # the driver may not have noticed yet that the connection is gone
     state = sqlstate(exc)
     if state in HANDLER_TIMEOUTS:
         return False

@@ -17,13 +17,22 @@ import time
 from collections.abc import Callable
 
 from ..processing.retry import Backoff
-from .connection import describe, drop_connection, lost_prepared_statement, sqlstate
+from .connection import (
+    describe,
+    drop_connection,
+    lost_prepared_statement,
+    mysql_code,
+    sqlstate,
+)
 
 logger = logging.getLogger("django_inbox")
 
 #: SQLSTATEs of a connection refused for its settings: no such database (3D000), no such role
 #: or no ``pg_hba.conf`` entry (28000), a wrong password (28P01).
 REFUSED_STATES = ("3D000", "28000", "28P01")
+#: MySQL's and MariaDB's: no such database (1049), access denied to a database (1044) or for
+#: a user and password (1045, 1698).
+REFUSED_CODES = frozenset({1044, 1045, 1049, 1698})
 #: The same refusals in the words of the server (in English: ``lc_messages``) and of libpq, for
 #: a failed connect, which psycopg reports without an SQLSTATE.
 REFUSED_WORDS = re.compile(
@@ -49,6 +58,8 @@ def refused_for_settings(exc: BaseException) -> str | None:
     """
     state = sqlstate(exc)
     text = str(exc).strip()
+    if mysql_code(exc) in REFUSED_CODES:  # (code, message), as mysqlclient gives them
+        return str(exc.args[1] if len(exc.args) > 1 else text)[:300]
     if state in REFUSED_STATES or (state is None and REFUSED_WORDS.search(text)):
         said = text.split("FATAL:", 1)[-1].strip().splitlines()
         return said[0][:300] if said else type(exc).__name__
