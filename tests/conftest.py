@@ -1,5 +1,6 @@
-"""Shared fixtures. Tests run against the database in ``DATABASE_URL`` (PostgreSQL in CI);
-those marked ``postgres`` are skipped elsewhere."""
+"""Shared fixtures. Tests run against the database in ``DATABASE_URL`` (PostgreSQL, MariaDB
+and SQLite in CI): those marked ``postgres`` are skipped on the others, those marked
+``server_db`` (several processes sharing the test database) on SQLite."""
 
 from __future__ import annotations
 
@@ -36,21 +37,30 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if connection.vendor == "postgresql":
         return
-    skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL)")
+    postgres = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL)")
+    server = pytest.mark.skip(reason="needs a database server: PostgreSQL or MariaDB")
     for item in items:
         if "postgres" in item.keywords:
-            item.add_marker(skip)
+            item.add_marker(postgres)
+        elif "server_db" in item.keywords and connection.vendor == "sqlite":
+            item.add_marker(server)
+
+
+#: The URL scheme and default user and port of each server the suite runs on.
+SERVERS = {"postgresql": ("postgres", "postgres", 5432), "mysql": ("mysql", "root", 3306)}
 
 
 @pytest.fixture
 def db_url(transactional_db: None) -> str:
     """A DATABASE_URL that points subprocesses at the test database."""
     settings = connection.settings_dict
-    assert connection.vendor == "postgresql", "subprocess tests need PostgreSQL"
-    user = settings.get("USER") or "postgres"
+    assert connection.vendor in SERVERS, "subprocess tests need PostgreSQL or MariaDB"
+    scheme, default_user, default_port = SERVERS[connection.vendor]
+    user = settings.get("USER") or default_user
+    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
     host = settings.get("HOST") or "127.0.0.1"
-    port = settings.get("PORT") or 5432
-    return f"postgres://{user}@{host}:{port}/{settings['NAME']}"
+    port = settings.get("PORT") or default_port
+    return f"{scheme}://{user}{password}@{host}:{port}/{settings['NAME']}"
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from tests.unit.test_commit_every import (
 )
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.slow
 def test_poison_in_a_shared_transaction_goes_dead_and_spares_the_rest(
     manage: Callable[..., subprocess.Popen[str]],

@@ -12,7 +12,7 @@ from django_inbox.models import InboxMessage
 from tests import procs
 from tests.effects import lost_and_doubled
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.server_db, pytest.mark.slow]
 
 PROCESSES = int(os.environ.get("INBOX_TEST_PROCESSES", "8"))
 ROUNDS = int(os.environ.get("INBOX_TEST_ROUNDS", "200"))

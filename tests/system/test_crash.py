@@ -24,7 +24,7 @@ from django_inbox.processing.claims import claim_batch
 from tests.conftest import ROOT, restart_until_it_survives
 from tests.effects import effect_counts, lost_and_doubled
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.server_db, pytest.mark.slow]
 Status = InboxMessage.Status
 Manage = Callable[..., subprocess.Popen[str]]
 

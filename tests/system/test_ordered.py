@@ -23,7 +23,7 @@ from tests import brokers
 from tests.conftest import kill_at_random
 from tests.system.test_consume import finish
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.server_db, pytest.mark.slow]
 Manage = Callable[..., subprocess.Popen[str]]
 Status = InboxMessage.Status
 CONSUMER = "ordered"

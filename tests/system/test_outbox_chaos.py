@@ -27,9 +27,10 @@ from kombu import Connection, Queue
 from django_inbox.models import InboxMessage
 from django_inbox.outbox.models import OutboxMessage
 from tests import brokers
+from tests.sessions import kill_sessions
 from tests.system.test_consume import consume
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.server_db, pytest.mark.slow]
 Manage = Callable[..., subprocess.Popen[str]]
 ROOT = Path(__file__).resolve().parents[2]
 COMMITS, ROLLBACK_EVERY, CHAOS_SECONDS = 600, 10, 15.0
@@ -212,11 +213,7 @@ def test_a_relay_whose_database_connection_is_killed_goes_on(manage: Manage) -> 
         for n in range(200):
             ids.append(publish("effect.write", {"n": n}, routing_key=queue))
             if n in (50, 120):  # the server ends every other session (as a restart would)
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                    )
+                kill_sessions(connection)
             time.sleep(0.01)
         relayed, err = relay.communicate(timeout=300)
         assert relay.returncode == 0, err[-3000:]

@@ -29,7 +29,7 @@ from tests.unit.test_services_reclaim import (
 )
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.slow
 def test_reclaim_after_sigkill_counts_the_attempt_then_a_worker_completes_it(
     manage: Manage, tmp_path: Path
@@ -70,7 +70,7 @@ def test_reclaim_after_sigkill_counts_the_attempt_then_a_worker_completes_it(
     assert (lost, doubled) == (0, 0)
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.slow
 def test_zombie_worker_woken_after_reclaim_is_fenced(manage: Manage) -> None:
     row = store_effect("zombie", sleep=4, sleep_on_attempt=1)
@@ -112,7 +112,7 @@ def test_zombie_worker_woken_after_reclaim_is_fenced(manage: Manage) -> None:
     assert (lost, doubled) == (0, 0)
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.slow
 def test_reclaim_leaves_a_stopped_worker_within_its_lease_alone(manage: Manage) -> None:
     row = store_effect("live", sleep=30, sleep_on_attempt=1)
@@ -141,7 +141,7 @@ def test_reclaim_leaves_a_stopped_worker_within_its_lease_alone(manage: Manage) 
     assert not Effect.objects.filter(message_id="live").exists()
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.slow
 def test_two_reclaims_at_once_reclaim_each_row_once(manage: Manage) -> None:
     rows = [stuck(f"stuck-{n:03d}") for n in range(200)]
@@ -160,7 +160,7 @@ def test_two_reclaims_at_once_reclaim_each_row_once(manage: Manage) -> None:
     assert not InboxMessage.objects.filter(status=Status.IN_PROGRESS).exists()
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.slow
 def test_two_reclaims_at_once_blame_one_row_per_dead_batch(manage: Manage) -> None:
     groups = [

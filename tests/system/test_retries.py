@@ -25,7 +25,7 @@ from tests.unit.test_worker import (
 )
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.slow
 def test_flaky_handler_completes_every_message_once_with_policy_backoff(manage: Manage) -> None:
     expected = {f"msg-{n:04d}" for n in range(N)}
@@ -98,7 +98,7 @@ def test_flaky_handler_completes_every_message_once_with_policy_backoff(manage: 
     assert 0.35 <= mean(ratios) <= 0.65
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.slow
 def test_poison_message_goes_dead_without_holding_up_healthy_ones(manage: Manage) -> None:
     store_effect("poison", fail_always=True)

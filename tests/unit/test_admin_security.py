@@ -16,7 +16,7 @@ from urllib.parse import quote
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from django_inbox import history
@@ -187,6 +187,14 @@ def store_deep(row: InboxMessage, depth: int, column: str = "payload") -> None:
 @pytest.mark.parametrize("column", ["payload", "headers"])
 def test_a_stored_value_too_deep_for_python_shows_as_text(depth: int, column: str) -> None:
     row = make_row(Status.DEAD)
+    if connection.vendor == "mysql" and connection.mysql_is_mariadb:
+        # MariaDB's JSON columns refuse values nested 32 levels or more: no row holds one.
+        with (
+            pytest.raises(DatabaseError, match=r"CONSTRAINT|json_valid|4025"),
+            transaction.atomic(),
+        ):
+            store_deep(row, depth, column)
+        return
     store_deep(row, depth, column)
     client = login(make_user("superuser"))
 

@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
@@ -141,7 +142,8 @@ def test_the_admin_lists_rows() -> None:
     page = client.get(CHANGELIST)
     assert page.status_code == 200
     assert "unroutable: no queue" in page.content.decode()
-    assert page.content.decode().count("held: an earlier message of its key") == 1
+    held = 1 if connection.vendor in ("postgresql", "sqlite") else 0  # MySQL holds no rows
+    assert page.content.decode().count("held: an earlier message of its key") == held
     detail = client.get(f"{CHANGELIST}{OutboxMessage.objects.first().pk}/change/")
     assert detail.status_code == 200 and "&quot;n&quot;" not in detail.content.decode()
 

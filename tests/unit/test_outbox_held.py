@@ -32,6 +32,12 @@ COLUMNS = (
 )
 
 
+#: MySQL and MariaDB refuse the subquery on the table an INSERT writes that holds a row: there
+#: every row is due, and a claim's "first of its key" test alone keeps a key's order.
+HOLDS = connection.vendor in ("postgresql", "sqlite")
+needs_holding = pytest.mark.skipif(not HOLDS, reason="MySQL and MariaDB hold no rows")
+
+
 def keyed(key: str, n: int) -> list[str]:
     ids = [publish("order.placed", {"n": i}, routing_key="orders", key=key) for i in range(n)]
     return [i for i in ids if i is not None]
@@ -48,23 +54,28 @@ def due_rows(key: str) -> list[str]:
 def test_a_keys_later_rows_are_held_until_the_one_before_is_settled() -> None:
     first, second, third = keyed("order-1", 3)
     other = keyed("order-2", 1)
-    assert due_rows("order-1") == [first] and due_rows("order-2") == other
+    if HOLDS:
+        assert due_rows("order-1") == [first] and due_rows("order-2") == other
     lease, claimed = relay_rows.claim(10, "default")
     assert sorted(row.message_id for row in claimed) == sorted([first, *other])
     pks = {row.message_id: row.pk for row in claimed}
     relay_rows.mark_sent([pks[first]], lease, "default", keys=["order-1"])
-    assert due_rows("order-1") == [second]  # released by the mark, the third still held
+    if HOLDS:
+        assert due_rows("order-1") == [second]  # released by the mark, the third still held
     lease, claimed = relay_rows.claim(10, "default")
     assert [row.message_id for row in claimed] == [second]
     with override_settings(INBOX_OUTBOX_MAX_ATTEMPTS=1):
         assert relay_rows.fail(claimed[0], lease, "refused", "default") == Status.DEAD
-    assert due_rows("order-1") == [third]  # a dead row holds its key back no longer
+    if HOLDS:
+        assert due_rows("order-1") == [third]  # a dead row holds its key back no longer
+    _, claimed = relay_rows.claim(10, "default")
+    assert [row.message_id for row in claimed] == [third]
 
 
 def test_a_claim_reads_a_hot_keys_head_only_however_long_its_backlog() -> None:
     hot = keyed("hot", 400)
     others = [keyed(f"cold-{i}", 1)[0] for i in range(5)]
-    assert due_rows("hot") == hot[:1]
+    assert due_rows("hot") == (hot[:1] if HOLDS else hot)
     if connection.vendor == "postgresql":
         # With statistics saying one key fills the table, a claim still reads a handful of
         # index entries: the due rows, and one key-index entry per keyed due row. (Before
@@ -136,6 +147,7 @@ def test_the_purge_deletes_its_batch_by_primary_key_whatever_the_statistics_say(
     assert indexes(plan) == {f"{TABLE}_pkey"}, json.dumps(plan, indent=1)
 
 
+@needs_holding
 def test_a_row_held_behind_a_row_sent_before_it_committed_is_released_by_the_sweep() -> None:
     first, second = keyed("order-1", 2)
     # The race: the relay marked the first sent before the transaction writing the second

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 from django_inbox import store
@@ -104,18 +104,30 @@ def wait_in_handler(proc: subprocess.Popen[str], row: InboxMessage) -> None:
     """Poll the database until a worker has written its effect and sleeps in the handler.
 
     The handler's insert is uncommitted, so it shows as a backend ``idle in transaction``
-    whose last statement inserted into the effects table.
+    whose last statement inserted into the effects table (on MariaDB, as a row of the effects
+    table that a locking read cannot take at once).
     """
     deadline = time.monotonic() + 60
     while True:
         assert proc.poll() is None, proc.communicate()
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid() AND state = 'idle in transaction' "
-                "AND query LIKE %s",
-                ['INSERT INTO "effects_effect"%'],
-            )
+            if connection.vendor == "mysql":  # the effect's row, written and not committed
+                try:
+                    cursor.execute(
+                        "SELECT 1 FROM effects_effect WHERE message_id = %s FOR UPDATE NOWAIT",
+                        [row.message_id],
+                    )
+                    cursor.fetchall()
+                    cursor.execute("SELECT 0")
+                except OperationalError:  # locked: its transaction is open
+                    cursor.execute("SELECT 1")
+            else:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND state = 'idle in transaction' "
+                    "AND query LIKE %s",
+                    ['INSERT INTO "effects_effect"%'],
+                )
             (inside,) = cursor.fetchone()
         row.refresh_from_db()
         if inside and row.status == Status.IN_PROGRESS:
