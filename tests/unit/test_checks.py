@@ -293,6 +293,49 @@ def test_w002_unsupported_engine(databases) -> None:  # type: ignore[no-untyped-
     assert "oracle" in errors[0].msg
 
 
+def test_mariadb_and_mysql_pass_without_asking_the_server(databases) -> None:  # type: ignore[no-untyped-def]
+    """Django's ``mysql`` engine serves MariaDB, which the suite proves; MySQL itself is told
+    apart only by asking the server (``check --database``)."""
+    with (
+        databases(inbox={"ENGINE": "django.db.backends.mysql"}),
+        override_settings(INBOX_DATABASE="inbox"),
+    ):
+        assert check_database() == []
+
+
+@pytest.mark.django_db
+def test_w002_asked_of_the_server_passes_mariadb_and_warns_mysql_itself() -> None:
+    errors = [e for e in check_database(databases=["default"]) if e.id == "django_inbox.W002"]
+    if connection.vendor != "mysql":
+        assert errors == []
+    elif connection.mysql_is_mariadb:
+        assert errors == [], "MariaDB is proven by the suite"
+    else:
+        assert ids(errors) == ["django_inbox.W002"] and "MySQL" in errors[0].msg
+
+
+@pytest.mark.parametrize(
+    "level", ["repeatable read", "REPEATABLE READ", "serializable", "read uncommitted", None, ""]
+)
+def test_w007_mariadb_transactions_not_at_read_committed(databases, level: str | None) -> None:  # type: ignore[no-untyped-def]
+    inbox = {"ENGINE": "django.db.backends.mysql", "OPTIONS": {"isolation_level": level}}
+    with databases(inbox=inbox), override_settings(INBOX_DATABASE="inbox"):
+        errors = check_database()
+    assert ids(errors) == ["django_inbox.W007"]
+    said = (level or "").upper() or "the server's default (REPEATABLE READ"
+    assert said in errors[0].msg and "READ COMMITTED" in errors[0].msg
+    assert "read committed" in (errors[0].hint or "")
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"isolation_level": "read committed"}, {"isolation_level": "READ COMMITTED"}]
+)
+def test_w007_read_committed_passes(databases, options: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    inbox = {"ENGINE": "django.db.backends.mysql", "OPTIONS": options}
+    with databases(inbox=inbox), override_settings(INBOX_DATABASE="inbox"):
+        assert check_database() == []
+
+
 IMMEDIATE = {"OPTIONS": {"transaction_mode": "IMMEDIATE"}}
 
 
