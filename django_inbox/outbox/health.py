@@ -61,8 +61,8 @@ class OutboxStats:
 
 def collect(now: datetime | None = None) -> OutboxStats:
     """Pending rows and the oldest one's age, and dead rows, each counted over its partial
-    index; ``sent`` rows counted, or on a large PostgreSQL table estimated (no scan). With
-    pending rows, what the relays do about them (:func:`_relaying`)."""
+    index; ``sent`` rows counted, or on a large table estimated (no scan; PostgreSQL, MariaDB
+    and MySQL). With pending rows, what the relays do about them (:func:`_relaying`)."""
     now = now or timezone.now()
     using = inbox_settings.database
     rows = OutboxMessage.objects.using(using).order_by()

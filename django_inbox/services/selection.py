@@ -92,12 +92,13 @@ def find(
 def by_message_id(
     rows: QuerySet[InboxMessage], message_ids: list[str], consumer: str | None
 ) -> QuerySet[InboxMessage]:
-    """``rows`` with one of ``message_ids`` (in ``consumer``, if given). On PostgreSQL,
-    without a consumer, in every consumer by name (listed by a loose index scan), so that the
-    unique index of identities finds them; elsewhere listing them would read the table."""
+    """``rows`` with one of ``message_ids`` (in ``consumer``, if given). On PostgreSQL, MariaDB
+    and MySQL, without a consumer, in every consumer by name (listed by a loose index scan),
+    so that the unique index of identities finds them; on SQLite listing them would read the
+    table."""
     if consumer:
         return identified(rows, *((consumer, message_id) for message_id in message_ids))
-    if connections[rows.db].vendor != "postgresql":
+    if connections[rows.db].vendor not in ("postgresql", "mysql"):
         return rows.filter(message_id__in=message_ids)
     consumers = known_consumers()
     return identified(

@@ -144,10 +144,11 @@ def collect(
     a due row has waited longer than ``max_pending_age`` seconds (``INBOX_MAX_PENDING_AGE``)
     for a worker. Kinds named in ``ignore`` are not reported.
 
-    ``completed`` rows are counted (a scan of the table) unless PostgreSQL estimates the table
-    above ``estimate_above`` rows (default :data:`ESTIMATE_ABOVE`) and neither ``exact`` nor
-    ``consumer`` is given: then their total is the estimate less the counted rows of the other
-    statuses, and per-consumer ``completed`` counts are ``None``.
+    ``completed`` rows are counted (a scan of the table) unless the database (PostgreSQL,
+    MariaDB or MySQL) estimates the table above ``estimate_above`` rows (default
+    :data:`ESTIMATE_ABOVE`) and neither ``exact`` nor ``consumer`` is given: then their total
+    is the estimate less the counted rows of the other statuses, and per-consumer
+    ``completed`` counts are ``None``.
     """
     using = inbox_settings.database
     now = timezone.now()
@@ -255,8 +256,8 @@ def _outbox(now: datetime) -> Any:
 
 
 def estimated_rows(using: str, table: str | None = None) -> int:
-    """PostgreSQL's estimate of the rows of ``table``, the inbox's by default (see
-    :func:`~django_inbox.db.statements.estimated_rows`); ``0`` elsewhere."""
+    """The database's estimate of the rows of ``table``, the inbox's by default (see
+    :func:`~django_inbox.db.statements.estimated_rows`); ``0`` on SQLite."""
     return statements.estimated_rows(using, table)
 
 
