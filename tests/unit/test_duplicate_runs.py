@@ -48,9 +48,9 @@ def test_a_duplicate_after_a_new_message_costs_the_insert_alone() -> None:
     assert outcome == Outcome.DUPLICATE
     expected = {
         "postgresql": ["WITH"],
-        # the insert refused, then the pair read with a lock (the refusal was the pair's), and
-        # its status
-        "mysql": [FAILED.upper(), "SELECT", "SELECT"],
+        # the insert refused, then the pair's status read with a lock (the refusal was the
+        # pair's)
+        "mysql": [FAILED.upper(), "SELECT"],
     }.get(connection.vendor, ["INSERT", "SELECT"])
     assert kinds(sent) == expected, sent
     assert effect_counts() == {"a": 1}

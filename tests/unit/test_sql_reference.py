@@ -62,8 +62,10 @@ KEYWORDS = (
 
 #: Functions of :data:`SOURCES` that execute SQL on other databases only (not recorded here).
 OTHER_DATABASES = {
-    # MySQL and MariaDB: is the pair there, with a shared lock (tests/system/test_mariadb.py)
-    "django_inbox.db.statements.hot._pair_exists",
+    # MySQL and MariaDB: the insert without ON CONFLICT, and the pair's status read with a
+    # shared lock after a refused insert (tests/system/test_mariadb.py, the MariaDB phase)
+    "django_inbox.db.statements.hot._insert_plain",
+    "django_inbox.db.statements.hot._pair_status",
 }
 
 

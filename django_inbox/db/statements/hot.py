@@ -94,10 +94,13 @@ def insert(row: NewRow, now: datetime, using: str) -> int | None:
     """``INSERT … ON CONFLICT (identity) DO NOTHING RETURNING id``: the new id, ``None`` for a
     duplicate.
 
-    Databases without ``ON CONFLICT`` insert under a savepoint and take the unique violation
-    for a duplicate.
+    MySQL and MariaDB insert plainly and take the pair's unique violation for a duplicate
+    (:func:`_insert_plain`); other databases without ``ON CONFLICT`` do the same under a
+    savepoint.
     """
     connection = connections[using]
+    if connection.vendor == "mysql":
+        return _insert_plain(row, now, using)[0]
     if connection.vendor not in ("postgresql", "sqlite"):
         return _insert_with_savepoint(row, now, using)
     shape, params = _shape(row, now, connection)
@@ -115,9 +118,12 @@ def insert_or_status(row: NewRow, now: datetime, using: str) -> tuple[int | None
     inserted AS (INSERT … ON CONFLICT DO NOTHING RETURNING id)`` and, when nothing was
     inserted, the existing row's status. The status can be ``None`` there too: a row
     committed by a concurrent transaction after this statement's snapshot was taken is not
-    visible to it (ask :func:`current_status` then). Other databases ask separately.
+    visible to it (ask :func:`current_status` then). MySQL and MariaDB read it after a refused
+    insert (:func:`_insert_plain`); other databases ask separately.
     """
     connection = connections[using]
+    if connection.vendor == "mysql":
+        return _insert_plain(row, now, using)
     if connection.vendor != "postgresql":
         pk = insert(row, now, using)
         return (pk, None) if pk is not None else (None, current_status(*_key(row), using))
@@ -147,6 +153,35 @@ def _key(row: NewRow) -> tuple[str, str]:
     return row.consumer, row.message_id
 
 
+def _insert_plain(row: NewRow, now: datetime, using: str) -> tuple[int | None, str | None]:
+    """MySQL and MariaDB: one ``INSERT``; ``(new id, None)``, or ``(None, status)`` of the
+    pair's existing row.
+
+    There a failed statement is undone alone and the transaction goes on, so no savepoint is
+    needed around it (Django's ``save()`` would mark the transaction for rollback): a new
+    message costs the insert, a duplicate the insert and one read. A unique violation is a
+    duplicate only if the pair has a row (:func:`_pair_status`); another unique index or a
+    check refused the row otherwise, and the error is raised.
+    """
+    connection = connections[using]
+    shape, params = _shape(row, now, connection)
+
+    def build(quote: Any, table: str) -> str:
+        columns = ", ".join(quote(column) for column in COLUMNS)
+        return f"INSERT INTO {table} ({columns}) VALUES ({', '.join(shape)})"
+
+    sql = cached_sql(using, ("insert-plain", shape), build)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.lastrowid), None
+    except IntegrityError:
+        status = _pair_status(row, using)
+        if status is None:
+            raise  # another constraint refused the row: not a duplicate, never acknowledged
+        return None, status
+
+
 def _insert_with_savepoint(row: NewRow, now: datetime, using: str) -> int | None:
     fields: dict[str, Any] = {**vars(row), "received_at": now, "updated_at": now}
     for name in JSON_COLUMNS:
@@ -159,28 +194,30 @@ def _insert_with_savepoint(row: NewRow, now: datetime, using: str) -> int | None
             message = InboxMessage(**fields)
             message.save(using=using, force_insert=True)
     except IntegrityError:
-        if not _pair_exists(row, using):
+        if _pair_status(row, using) is None:
             raise  # another constraint refused the row: not a duplicate, never acknowledged
         return None
     return int(message.pk)
 
 
-def _pair_exists(row: NewRow, using: str) -> bool:
-    """Whether ``(consumer, message_id)`` has a row: what alone makes an insert's
-    ``IntegrityError`` a duplicate (a user's unique index, or MariaDB's check of a JSON
-    column, refuses rows too). A locking read, so that it sees the row a concurrent transaction
-    just committed (a plain read in ``REPEATABLE READ``, MariaDB's default, keeps its
-    snapshot); a shared one, so that two transactions answering the same duplicate never wait
-    for each other."""
+def _pair_status(row: NewRow, using: str) -> str | None:
+    """The status of ``(consumer, message_id)``'s row, ``None`` without one: what alone makes
+    an insert's ``IntegrityError`` a duplicate (a user's unique index, or MariaDB's check of a
+    JSON column, refuses rows too). A locking read, so that it sees the row a concurrent
+    transaction just committed (a plain read in ``REPEATABLE READ`` keeps its snapshot); a
+    shared one, so that two transactions answering the same duplicate never wait for each
+    other."""
     connection = connections[using]
     quote = connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT 1 FROM {quote(InboxMessage._meta.db_table)} "
-            f"WHERE {quote('consumer')} = %s AND {quote('message_id')} = %s LOCK IN SHARE MODE",
+            f"SELECT {quote('status')} FROM {quote(InboxMessage._meta.db_table)} "
+            f"WHERE {quote('consumer')} = %s AND {quote('message_id')} = %s"
+            + (" LOCK IN SHARE MODE" if connection.vendor == "mysql" else ""),
             [row.consumer, row.message_id],
         )
-        return cursor.fetchone() is not None
+        found = cursor.fetchone()
+    return None if found is None else str(found[0])
 
 
 def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tuple[str, str], int]:
