@@ -148,6 +148,10 @@ class InboxMessage(models.Model):
                 fields=["consumer", "message_id"], name="django_inbox_unique_consumer_message"
             ),
         ]
+        # On MySQL and MariaDB, which ignore their conditions, migration 0014 gives the partial
+        # indexes led by a status other columns (``status`` first) and adds indexes of their
+        # own (django_inbox/db/mysql_indexes.py): a migration that adds, alters or renames one
+        # of them must give MySQL its layout again.
         indexes = [
             models.Index(
                 fields=["consumer", "next_attempt_at", "id"],

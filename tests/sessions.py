@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import OperationalError
+
+#: MariaDB's and MySQL's answer to ``KILL`` of a session that ended in between.
+UNKNOWN_THREAD = 1094
+
 
 def kill_sessions(connection: Any, application_name: str | None = None) -> int:
     """End the sessions of other processes on the test database, and return how many.
@@ -30,6 +35,7 @@ def kill_sessions(connection: Any, application_name: str | None = None) -> int:
             try:
                 cursor.execute(f"KILL CONNECTION {int(session)}")
                 killed += 1
-            except Exception:
-                pass
+            except OperationalError as exc:
+                if exc.args[0] != UNKNOWN_THREAD:
+                    raise
         return killed

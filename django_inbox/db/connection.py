@@ -34,9 +34,13 @@ CONNECTION_ENDED = ("57P01", "57P02", "57P03", "53300")
 #: killed (1927, ``KILL CONNECTION`` on MariaDB), server shutting down (1053), no connection
 #: slot left (1040, and 1203 for the user's own limit).
 MYSQL_CONNECTION_ENDED = frozenset({1040, 1053, 1203, 1927, 2002, 2003, 2006, 2013, 2055})
-#: The handler's doing, as on PostgreSQL: MariaDB disconnected a session idle past its
-#: ``wait_timeout`` (4031), a handler sitting in its transaction.
-MYSQL_HANDLER_TIMEOUTS = frozenset({4031})
+#: Every other code of the server (below 2000, 3000 and above) is an error it answered with:
+#: the connection is alive and the attempt was the handler's. Among them MySQL 8.0.24+'s 4031,
+#: a session disconnected for idling past ``wait_timeout`` (a handler sitting in its
+#: transaction, as PostgreSQL's ``idle_in_transaction_session_timeout``). MariaDB ends such a
+#: session (``wait_timeout``, ``idle_transaction_timeout``) with 2006 or 2013, which read as a
+#: lost connection: no attempt is used, and the cap on interrupted attempts
+#: (:mod:`django_inbox.processing.interruptions`) stops a handler that idles every time.
 
 
 def keep_connection(using: str) -> None:
@@ -93,19 +97,25 @@ def sqlstate(exc: BaseException) -> str | None:
     return None
 
 
-def mysql_code(exc: BaseException) -> int | None:
-    """The MySQL or MariaDB error code of ``exc`` or what caused it (``mysqlclient`` and
-    Django's wrappers of its errors carry it as their first argument); ``None`` for others."""
+def mysql_error(exc: BaseException) -> tuple[int, str] | None:
+    """The MySQL or MariaDB error code of ``exc`` or what caused it, with the server's message
+    from the same exception: ``mysqlclient`` and Django's wrappers of its errors carry them as
+    their arguments, MySQL Connector/Python as ``errno`` and ``msg``. ``None`` for others."""
     for current in _chain(exc):
-        args = getattr(current, "args", ())
         module = type(current).__module__
+        if module.startswith("mysql.connector"):
+            code = getattr(current, "errno", None)
+            if isinstance(code, int):
+                return code, str(getattr(current, "msg", "") or current)
+            continue
+        args = getattr(current, "args", ())
         if (
             module.startswith(("MySQLdb", "django.db"))
             and args
             and isinstance(args[0], int)
             and not isinstance(args[0], bool)
         ):
-            return args[0]
+            return args[0], str(args[1]) if len(args) > 1 else str(current)
     return None
 
 
@@ -124,11 +134,13 @@ def connection_lost(exc: BaseException, using: str) -> bool:
     """
     if lost_prepared_statement(exc):
         return True
-    code = mysql_code(exc) if connections[using].vendor == "mysql" else None
-    if code in MYSQL_HANDLER_TIMEOUTS:
-        return False
-    if code in MYSQL_CONNECTION_ENDED:
-        return True  # the driver may not have noticed yet that the connection is gone
+    found = mysql_error(exc) if connections[using].vendor == "mysql" else None
+    if found is not None:
+        code = found[0]
+        if code in MYSQL_CONNECTION_ENDED:
+            return True  # the driver may not have noticed yet that the connection is gone
+        if not 2000 <= code < 3000:
+            return False  # the server answered with an error: the connection is alive
     state = sqlstate(exc)
     if state in HANDLER_TIMEOUTS:
         return False

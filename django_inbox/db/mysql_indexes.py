@@ -1,44 +1,21 @@
-"""Indexes for MySQL and MariaDB, which ignore the conditions of partial indexes: the
-columns each partial index has there instead (``status`` first), and the indexes only they
-need. Used by the migrations that build them (the inbox's ``0014``, the outbox's ``0003``);
+"""Indexes for MySQL and MariaDB, which ignore the conditions of partial indexes: a migration
+gives each partial index other columns there (``status`` first) and adds the indexes only they
+need. The layouts live in the migrations that apply them (the inbox's ``0014``, the outbox's
+``0003``), so that a migration keeps doing what it did; this module only applies one.
+
 Django's migration state keeps the portable definitions, so a later ``RemoveIndex`` of one of
-them drops it by name on every database."""
+them drops it by name on every database; a later ``AddIndex``, ``AlterIndex`` or
+``RenameIndex`` of one of them must give MySQL its layout again (the models say so next to
+their indexes), and the indexes that exist there only are unknown to ``makemigrations``: no
+index of the models may take their names."""
 
 from __future__ import annotations
 
 from typing import Any
 
-#: Per index name: its columns on MySQL and MariaDB, and ``None`` where Django's definition
-#: is kept; ``True`` in the third place for an index that exists there only.
+#: Per index name: its columns on MySQL and MariaDB; Django's columns, which going back
+#: restores (``None`` for an index that exists there only); and whether it exists there only.
 Layout = dict[str, tuple[tuple[str, ...], tuple[str, ...] | None, bool]]
-
-#: The inbox's table: (columns there, Django's columns to restore, there only).
-INBOX: Layout = {
-    "django_inbox_waiting_idx": (
-        ("status", "consumer", "next_attempt_at"),
-        ("consumer", "next_attempt_at"),
-        False,
-    ),
-    "django_inbox_attention_idx": (
-        ("status", "consumer", "updated_at"),
-        ("consumer", "updated_at"),
-        False,
-    ),
-    "django_inbox_attention_id_idx": (("status", "id"), ("id",), False),
-    "django_inbox_finished_idx": (("status", "consumer", "processed_at"), None, True),
-}
-
-#: The outbox's table.
-OUTBOX: Layout = {
-    "django_outbox_pending_idx": (
-        ("status", "next_attempt_at", "id"),
-        ("next_attempt_at", "id"),
-        False,
-    ),
-    "django_outbox_key_idx": (("status", "key", "id"), ("key", "id"), False),
-    "django_outbox_dead_idx": (("status", "updated_at"), ("updated_at",), False),
-    "django_outbox_sent_idx": (("status", "sent_at"), ("sent_at",), False),
-}
 
 
 def _alter(schema_editor: Any, model: Any, clauses: list[str]) -> None:

@@ -21,7 +21,7 @@ from .connection import (
     describe,
     drop_connection,
     lost_prepared_statement,
-    mysql_code,
+    mysql_error,
     sqlstate,
 )
 
@@ -58,8 +58,9 @@ def refused_for_settings(exc: BaseException) -> str | None:
     """
     state = sqlstate(exc)
     text = str(exc).strip()
-    if mysql_code(exc) in REFUSED_CODES:  # (code, message), as mysqlclient gives them
-        return str(exc.args[1] if len(exc.args) > 1 else text)[:300]
+    found = mysql_error(exc)
+    if found is not None and found[0] in REFUSED_CODES:
+        return found[1][:300]
     if state in REFUSED_STATES or (state is None and REFUSED_WORDS.search(text)):
         said = text.split("FATAL:", 1)[-1].strip().splitlines()
         return said[0][:300] if said else type(exc).__name__

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Max, QuerySet
 
 from .. import history
 from ..db.aside import with_status
@@ -140,6 +140,22 @@ class Portable:
         return leases.set_aside(message, status, changes, now, using)
 
     # -- purge ---------------------------------------------------------------------------
+
+    def purge_pages(
+        self, rows: QuerySet[InboxMessage], using: str
+    ) -> QuerySet[InboxMessage] | None:
+        """``rows`` as a purge pages through them by primary key (:meth:`delete_batch`);
+        ``None``: nothing to purge.
+
+        Without partial indexes (MySQL, MariaDB) a page's ``ORDER BY id LIMIT n`` reads the
+        primary key until it has ``n`` rows: past the last expired row that is the rest of
+        the table, and with nothing expired the whole of it. There the pages stop at the last
+        expired row, found first on the index of finished rows (``django_inbox_finished_idx``,
+        or the attention index for dead rows), which reads only theirs."""
+        if connections[using].features.supports_partial_indexes:
+            return rows
+        last = rows.aggregate(last=Max("pk"))["last"]
+        return None if last is None else rows.filter(pk__lte=last)
 
     def delete_batch(
         self, rows: QuerySet[InboxMessage], status: str, limit: int, using: str

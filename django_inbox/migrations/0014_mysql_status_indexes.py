@@ -17,7 +17,23 @@ million rows. Other databases: nothing.
 
 from django.db import migrations
 
-from django_inbox.db.mysql_indexes import INBOX, rebuild, restore
+from django_inbox.db.mysql_indexes import Layout, rebuild, restore
+
+#: The inbox's table: (columns there, Django's columns to restore, there only).
+INBOX: Layout = {
+    "django_inbox_waiting_idx": (
+        ("status", "consumer", "next_attempt_at"),
+        ("consumer", "next_attempt_at"),
+        False,
+    ),
+    "django_inbox_attention_idx": (
+        ("status", "consumer", "updated_at"),
+        ("consumer", "updated_at"),
+        False,
+    ),
+    "django_inbox_attention_id_idx": (("status", "id"), ("id",), False),
+    "django_inbox_finished_idx": (("status", "processed_at", "consumer"), None, True),
+}
 
 
 def forwards(apps, schema_editor):

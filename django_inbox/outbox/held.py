@@ -22,6 +22,14 @@ Status = OutboxMessage.Status
 SWEEP_CHUNK = 1000
 
 
+def holds_rows(using: str) -> bool:
+    """Whether ``publish()`` holds a key's later rows on ``using``'s database. MySQL and
+    MariaDB refuse the subquery on the table an ``INSERT`` writes that decides it: there every
+    row is written due, and a claim takes only the first pending row of each key
+    (:func:`first_of_key`), which keeps a key's order."""
+    return connections[using].vendor in ("postgresql", "sqlite")
+
+
 def _table(using: str) -> tuple[str, Callable[[str], str]]:
     quote = connections[using].ops.quote_name
     return quote(OutboxMessage._meta.db_table), quote

@@ -56,6 +56,10 @@ class OutboxMessage(models.Model):
     class Meta:
         verbose_name = _("outbox message")
         verbose_name_plural = _("outbox messages")
+        # On MySQL and MariaDB, which ignore their conditions, migration 0003 gives the partial
+        # indexes led by a status other columns (``status`` first) and adds indexes of their
+        # own (django_inbox/db/mysql_indexes.py): a migration that adds, alters or renames one
+        # of them must give MySQL its layout again.
         indexes = [
             # What relays claim: pending rows by due time, then the order they were written.
             models.Index(

@@ -18,6 +18,7 @@ from . import headers as amqp_headers
 from .headers import HEADERS_MAX_BYTES as HEADERS_MAX_BYTES
 from .headers import SHORT_MAX_BYTES
 from .headers import TRACE_HEADERS as TRACE_HEADERS
+from .held import holds_rows
 
 #: Headers the outbox sets on each publication (a caller's own headers keep other names).
 CAUSATION_CONSUMER = "x-causation-consumer"
@@ -133,9 +134,7 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
     from .models import OutboxMessage
 
     connection = connections[using]
-    # MySQL and MariaDB refuse a subquery on the table an INSERT writes: there rows are never
-    # held, and a claim passes over the later rows of a key instead (``held.first_of_key``).
-    holds = connection.vendor in ("postgresql", "sqlite")
+    holds = holds_rows(using)
     returns = holds and connection.features.can_return_columns_from_insert
     sql = _sql.get((using, connection.vendor))
     if sql is None:

@@ -185,9 +185,10 @@ def purge(
         if status == Status.DEAD:
             result.deleted[str(status)] += _delete_dead_versions(rows.filter(versions()))
             rows = rows.exclude(versions())
+        pages = family(inbox_settings.database).purge_pages(rows, inbox_settings.database)
         last_pk = 0
-        while True:
-            deleted = _delete_batch(rows.filter(pk__gt=last_pk), status, batch_size)
+        while pages is not None:
+            deleted = _delete_batch(pages.filter(pk__gt=last_pk), status, batch_size)
             if not deleted:
                 break
             last_pk = max(deleted)

@@ -210,11 +210,18 @@ def test_a_relay_whose_database_connection_is_killed_goes_on(manage: Manage) -> 
             "--until-idle", "4", env={"OUTBOX_LEASE": "2"},
         )  # fmt: skip
         ids = []
+        killed = 0
         for n in range(200):
             ids.append(publish("effect.write", {"n": n}, routing_key=queue))
-            if n in (50, 120):  # the server ends every other session (as a restart would)
-                kill_sessions(connection)
+            # The server ends every other session (as a restart would), again until the relay
+            # had one to end.
+            if n in (50, 120) or (n > 120 and not killed):
+                killed += kill_sessions(connection)
             time.sleep(0.01)
+        deadline = time.monotonic() + 60
+        while not killed and relay.poll() is None and time.monotonic() < deadline:
+            killed += kill_sessions(connection)
+            time.sleep(0.1)
         relayed, err = relay.communicate(timeout=300)
         assert relay.returncode == 0, err[-3000:]
         consumer = consume(manage, brokers.RABBITMQ, queue, "--until-idle", "2")
@@ -222,7 +229,8 @@ def test_a_relay_whose_database_connection_is_killed_goes_on(manage: Manage) -> 
         assert consumer.returncode == 0, err[-3000:]
     finally:
         delete(queue)
-    print(f"database connections killed: {relayed.strip()}; {consumed.strip()}")
+    print(f"database connections killed: {killed}; {relayed.strip()}; {consumed.strip()}")
+    assert killed > 0, "the relay's connection was never killed"
     effects = Counter(Effect.objects.filter(consumer="stream").values_list("message_id", flat=True))
     assert effects == Counter(ids)
     assert set(OutboxMessage.objects.values_list("status", flat=True)) == {"sent"}

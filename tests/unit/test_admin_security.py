@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from django_inbox import history
 from django_inbox.models import InboxMessage
+from tests.databases import on_mariadb
 from tests.unit.test_admin import CHANGELIST, change_url, html, login, make_row, make_user
 
 Status = InboxMessage.Status
@@ -187,7 +188,7 @@ def store_deep(row: InboxMessage, depth: int, column: str = "payload") -> None:
 @pytest.mark.parametrize("column", ["payload", "headers"])
 def test_a_stored_value_too_deep_for_python_shows_as_text(depth: int, column: str) -> None:
     row = make_row(Status.DEAD)
-    if connection.vendor == "mysql" and connection.mysql_is_mariadb:
+    if on_mariadb():
         # MariaDB's JSON columns refuse values nested 32 levels or more: no row holds one.
         with (
             pytest.raises(DatabaseError, match=r"CONSTRAINT|json_valid|4025"),

@@ -1,45 +1,80 @@
-"""MySQL's and MariaDB's errors told apart by their codes: a connection that ended is not the
-handler's failure (on MariaDB a killed connection used up the attempts of the messages it was
-running: ``tests/system/test_consume.py::test_killed_database_connections_are_survived``), and
-a refusal for the settings is not an outage. No database needed."""
+"""MySQL's and MariaDB's errors told apart by their codes, as ``mysqlclient`` raises them and
+Django wraps them: a connection that ended is not the handler's failure (on MariaDB a killed
+connection used up the attempts of the messages it was running:
+``tests/system/test_consume.py::test_killed_database_connections_are_survived`` proves the
+whole path there), a deadlock or a timeout is, and a refusal for the settings is not an
+outage. No database needed: the connection is told it is MySQL's."""
 
 from __future__ import annotations
 
-import pytest
-from django.db import utils
+from collections.abc import Iterator
 
-from django_inbox.db.connection import MYSQL_CONNECTION_ENDED, mysql_code
+import pytest
+from django.db import connection, utils
+
+from django_inbox.db.connection import connection_lost, mysql_error
 from django_inbox.db.outage import refused_for_settings
 
+MySQLdb = pytest.importorskip("MySQLdb", reason="mysqlclient (the dev extra) raises these")
 
-def wrapped(code: int, text: str) -> Exception:
-    """As Django raises a driver's error: its own class, the driver's arguments, the cause."""
+
+def raised(kind: str, code: int, text: str) -> Exception:
+    """``mysqlclient``'s error, re-raised by Django as its own class with the same arguments."""
     try:
         try:
-            raise OSError(code, text)  # stands for MySQLdb's error: same arguments
-        except OSError as driver:
-            raise utils.OperationalError(code, text) from driver
-    except utils.OperationalError as exc:
+            raise getattr(MySQLdb, kind)(code, text)
+        except MySQLdb.Error as driver:
+            raise getattr(utils, kind)(code, text) from driver
+    except utils.Error as exc:
         return exc
 
 
-@pytest.mark.parametrize(
-    "code", [2006, 2013, 1927, 1053, 1040], ids=["gone", "lost", "killed", "shutdown", "slots"]
-)
-def test_ended_connections_are_known_by_their_codes(code: int) -> None:
-    assert mysql_code(wrapped(code, "…")) == code
-    assert code in MYSQL_CONNECTION_ENDED
+@pytest.fixture
+def on_mysql(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``connection_lost()`` reads the codes on MySQL and MariaDB only."""
+    monkeypatch.setattr(connection, "vendor", "mysql")
+    yield
 
 
-@pytest.mark.parametrize("code", [1213, 1205, 3024, 1062, 4025])
-def test_a_deadlock_a_timeout_or_a_constraint_are_the_handlers(code: int) -> None:
-    assert code not in MYSQL_CONNECTION_ENDED
+ENDED = [
+    (2006, "Server has gone away"),
+    (2013, "Lost connection to server during query"),
+    (1927, "Connection was killed"),
+    (1053, "Server shutdown in progress"),
+    (1040, "Too many connections"),
+    (2003, "Can't connect to server on '127.0.0.1' (111)"),
+]
+
+
+@pytest.mark.parametrize(("code", "text"), ENDED, ids=[str(code) for code, _ in ENDED])
+def test_a_connection_that_ended_is_not_the_handlers_failure(
+    on_mysql: None, code: int, text: str
+) -> None:
+    assert connection_lost(raised("OperationalError", code, text), "default") is True
+
+
+HANDLERS = [
+    ("OperationalError", 1213, "Deadlock found when trying to get lock"),
+    ("OperationalError", 1205, "Lock wait timeout exceeded; try restarting transaction"),
+    ("OperationalError", 1969, "Query execution was interrupted (max_statement_time exceeded)"),
+    ("IntegrityError", 1062, "Duplicate entry 'x' for key 'user_version'"),
+    ("IntegrityError", 4025, "CONSTRAINT `payload` failed"),
+    # MySQL's session ended for idling in its transaction: the handler's, as on PostgreSQL
+    ("OperationalError", 4031, "The client was disconnected by the server because of inactivity."),
+]
+
+
+@pytest.mark.parametrize(("kind", "code", "text"), HANDLERS, ids=[str(h[1]) for h in HANDLERS])
+def test_deadlocks_timeouts_and_refusals_are_the_handlers(
+    on_mysql: None, kind: str, code: int, text: str
+) -> None:
+    assert connection_lost(raised(kind, code, text), "default") is False
 
 
 def test_errors_without_a_code_have_none() -> None:
-    assert mysql_code(ValueError("x")) is None
-    assert mysql_code(utils.OperationalError("no code")) is None
-    assert mysql_code(utils.OperationalError(True)) is None
+    assert mysql_error(ValueError("x")) is None
+    assert mysql_error(utils.OperationalError("no code")) is None
+    assert mysql_error(utils.OperationalError(True)) is None
 
 
 @pytest.mark.parametrize(
@@ -51,8 +86,8 @@ def test_errors_without_a_code_have_none() -> None:
     ],
 )
 def test_refusals_for_the_settings_are_not_outages(code: int, text: str) -> None:
-    assert refused_for_settings(wrapped(code, text)) == text
+    assert refused_for_settings(raised("OperationalError", code, text)) == text
 
 
 def test_a_server_that_went_away_is_an_outage() -> None:
-    assert refused_for_settings(wrapped(2006, "Server has gone away")) is None
+    assert refused_for_settings(raised("OperationalError", 2006, "Server has gone away")) is None

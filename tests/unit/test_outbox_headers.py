@@ -14,6 +14,7 @@ from django_inbox import InvalidPayload, PayloadTooLarge, deliver
 from django_inbox.outbox import publish
 from django_inbox.outbox.models import OutboxMessage
 from tests.conftest import handler
+from tests.databases import on_mariadb
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -136,10 +137,9 @@ def test_headers_nested_past_what_amqp_encodes_are_invalid_payload() -> None:
     """With INBOX_MAX_JSON_DEPTH raised past Python's recursion, py-amqp's table encoder
     raised RecursionError out of publish(). (MariaDB refuses them sooner: its JSON columns
     store 31 levels whatever the setting says.)"""
-    from django.db import connection
     from django.test import override_settings
 
-    mariadb = connection.vendor == "mysql" and connection.mysql_is_mariadb
+    mariadb = on_mariadb()
 
     deep: Any = 1
     for _ in range(700):  # JSON encodes it; py-amqp's encoder takes two frames a level

@@ -29,6 +29,7 @@ from django_inbox.intake.validation import (
     max_json_depth,
     nesting_exceeds,
 )
+from tests.databases import on_mariadb
 
 # --- clean_message_id ------------------------------------------------------------------------
 
@@ -206,10 +207,7 @@ def test_deeply_nested_structure_refused(depth_limit: tuple[int, str]) -> None:
 def test_the_limit_is_the_settings_where_the_database_stores_it(
     depth_limit: tuple[int, str],
 ) -> None:
-    from django.db import connection
-
-    mariadb = connection.vendor == "mysql" and connection.mysql_is_mariadb
-    if mariadb:
+    if on_mariadb():
         assert depth_limit == (31, "MariaDB's JSON columns (json_valid) allow")
     else:
         assert depth_limit == (64, "INBOX_MAX_JSON_DEPTH allows")

@@ -84,7 +84,8 @@ def estimated_rows(using: str, table: str | None = None) -> int:
     of the last ``ANALYZE``/``VACUUM`` scaled to the table's current size, so it follows a
     table that grew since (autovacuum may be off), and a guess from the table's size if it
     never was analysed. On MariaDB and MySQL, InnoDB's ``TABLE_ROWS`` (sampled statistics,
-    which InnoDB refreshes as a table changes by a tenth; off by up to half).
+    off by up to half, which InnoDB refreshes once a tenth of the table changed; MySQL 8
+    also caches them for ``information_schema_stats_expiry``, a day by default).
     """
     connection = connections[using]
     if connection.vendor == "mysql":

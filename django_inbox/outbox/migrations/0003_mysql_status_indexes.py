@@ -6,7 +6,19 @@ from typing import Any
 
 from django.db import migrations
 
-from django_inbox.db.mysql_indexes import OUTBOX, rebuild, restore
+from django_inbox.db.mysql_indexes import Layout, rebuild, restore
+
+#: The outbox's table: (columns there, Django's columns to restore, there only).
+OUTBOX: Layout = {
+    "django_outbox_pending_idx": (
+        ("status", "next_attempt_at", "id"),
+        ("next_attempt_at", "id"),
+        False,
+    ),
+    "django_outbox_key_idx": (("status", "key", "id"), ("key", "id"), False),
+    "django_outbox_dead_idx": (("status", "updated_at"), ("updated_at",), False),
+    "django_outbox_sent_idx": (("status", "sent_at"), ("sent_at",), False),
+}
 
 
 def forwards(apps: Any, schema_editor: Any) -> None:
