@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from importlib import import_module
 from subprocess import Popen
+from typing import Any
 
 import pytest
 
@@ -24,12 +26,17 @@ pytestmark = pytest.mark.postgres
 SERVER = os.environ.get("INBOX_TEST_MARIADB", "mysql://root@127.0.0.1:3306")
 
 
-def _admin(sql: str) -> None:
+def _connect() -> Any:
+    """A connection to the server of ``INBOX_TEST_MARIADB``, no database chosen."""
     import MySQLdb
 
     host, _, port = SERVER.split("@", 1)[1].partition(":")
     user = SERVER.split("//", 1)[1].split("@", 1)[0]
-    with MySQLdb.connect(host=host, port=int(port or 3306), user=user) as conn:
+    return MySQLdb.connect(host=host, port=int(port or 3306), user=user)
+
+
+def _admin(sql: str) -> None:
+    with _connect() as conn:
         conn.cursor().execute(sql)
 
 
@@ -69,6 +76,37 @@ def test_every_migration_applies_and_reverses_on_mariadb(
     _migrate(manage, mariadb)
     _migrate(manage, mariadb, "django_inbox", "0010")
     _migrate(manage, mariadb)
+    assert _applied(manage, mariadb) == every
+
+
+#: Run by ``manage.py shell``: from each migration of the inbox (and of the outbox), back to it
+#: and forward to the latest, as an upgrade from a release that stopped there would.
+UPGRADES_SCRIPT = """
+from django.core.management import call_command
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+
+graph = MigrationLoader(connection).graph
+for app in ("django_inbox", "django_inbox_outbox"):
+    plan = graph.forwards_plan(graph.leaf_nodes(app)[0])
+    names = [name for (label, name) in plan if label == app]
+    for name in names[:-1]:
+        call_command("migrate", app, name, verbosity=0)
+        call_command("migrate", verbosity=0)
+        print("upgraded from", app, name)
+"""
+
+
+def test_an_upgrade_from_each_migration_applies_on_mariadb(
+    manage: Callable[..., Popen[str]], mariadb: str
+) -> None:
+    _migrate(manage, mariadb)
+    every = _applied(manage, mariadb)
+    proc = manage("shell", "-c", UPGRADES_SCRIPT, env={"DATABASE_URL": mariadb})
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, (out + err)[-3000:]
+    upgraded = [line for line in out.splitlines() if line.startswith("upgraded from")]
+    assert len(upgraded) == len(every) - 2, out  # every migration but each app's last
     assert _applied(manage, mariadb) == every
 
 
@@ -290,12 +328,9 @@ def test_a_worker_never_waits_for_a_held_key_on_mariadb(
 
 
 def _indexes(url: str, table: str) -> dict[str, list[str]]:
-    """Each index of ``table`` in the database at ``url``: its columns in order."""
-    import MySQLdb
-
-    host, _, port = SERVER.split("@", 1)[1].partition(":")
-    user = SERVER.split("//", 1)[1].split("@", 1)[0]
-    with MySQLdb.connect(host=host, port=int(port or 3306), user=user) as conn:
+    """Each index of ``table`` in the database at ``url`` (one of :func:`mariadb`'s): its
+    columns in order."""
+    with _connect() as conn:
         cursor = conn.cursor()
         cursor.execute(
             "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS "
@@ -314,8 +349,8 @@ def test_partial_indexes_lead_with_status_on_mariadb(
     """MariaDB ignores the conditions of partial indexes: 0014 (and the outbox's 0003) give
     them ``status`` first, under their own names, and add the purge's index; going back
     restores Django's definitions (bench/databases.py explains each statement at 1M rows)."""
-    from django_inbox.db.mysql_indexes import INBOX, OUTBOX
-
+    INBOX = import_module("django_inbox.migrations.0014_mysql_status_indexes").INBOX
+    OUTBOX = import_module("django_inbox.outbox.migrations.0003_mysql_status_indexes").OUTBOX
     _migrate(manage, mariadb)
     for table, layout in (
         ("django_inbox_inboxmessage", INBOX),
@@ -339,3 +374,26 @@ def test_partial_indexes_lead_with_status_on_mariadb(
                 assert name not in found
             else:
                 assert found[name] == list(django or ()), (name, found)
+
+
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        ("root@{host}/inbox_no_such_database", "Unknown database 'inbox_no_such_database'"),
+        ("inbox_no_such_user@{host}/inbox", "Access denied for user 'inbox_no_such_user'"),
+    ],
+    ids=["no database", "no user"],
+)
+def test_mariadb_refusing_the_settings_is_exit_2_not_an_outage(
+    manage: Callable[..., Popen[str]], where: str, says: str
+) -> None:
+    """As on PostgreSQL (tests/system/test_guardrails.py): a configuration error is one line
+    and exit 2, where an outage is waited for."""
+    host = SERVER.split("@", 1)[1]
+    url = "mysql://" + where.format(host=host)
+    proc = manage("inbox_process", "--until-idle", "1", env={"DATABASE_URL": url})
+    _, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == 2, err
+    assert says in err and "configuration error, not an outage" in err, err
+    assert "Traceback" not in err
