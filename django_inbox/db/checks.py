@@ -100,7 +100,7 @@ def _isolation(alias: str, config: dict[str, Any], engine: str) -> list[CheckMes
     Django sets ``READ COMMITTED`` unless ``OPTIONS['isolation_level']`` says otherwise.
     ``REPEATABLE READ`` (the servers' own default, which ``None`` keeps) locks the gaps
     between the index entries a locking read passes: with 4 workers of an ordered consumer on
-    MariaDB a worker's claim ended in a deadlock (1213) and the worker exited. (The duplicate
+    MariaDB a worker's claim ended in a deadlock (1213; the worker tries again). (The duplicate
     checks held there: the inbox re-reads the pair with a locking read, which sees what other
     transactions committed whatever the level.) ``SERIALIZABLE`` makes every read take shared
     locks; ``READ UNCOMMITTED`` shows rows whose transaction may still roll back."""

@@ -43,6 +43,23 @@ MYSQL_CONNECTION_ENDED = frozenset({1040, 1053, 1203, 1927, 2002, 2003, 2006, 20
 #: (:mod:`django_inbox.processing.interruptions`) stops a handler that idles every time.
 
 
+#: Conflicts between transactions, which end a statement or its transaction but leave the
+#: connection usable: a deadlock (PostgreSQL 40P01, MySQL and MariaDB 1213), a serialisation
+#: failure (40001), a lock waited for past ``lock_timeout`` (55P03; 1205).
+CONFLICT_STATES = ("40P01", "40001", "55P03")
+MYSQL_CONFLICTS = frozenset({1205, 1213})
+
+
+def conflicted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a conflict with another transaction (:data:`CONFLICT_STATES`). In a
+    handler it is the handler's failed attempt; in the inbox's own statements (a worker's
+    claim, a gap sweep, a shared batch's commit) it is no one's, and they are tried again."""
+    found = mysql_error(exc)
+    if found is not None:
+        return found[0] in MYSQL_CONFLICTS
+    return sqlstate(exc) in CONFLICT_STATES
+
+
 def keep_connection(using: str) -> None:
     """Between units of work: close ``using``'s connection only if it is broken or older than
     a positive ``CONN_MAX_AGE``; give every other alias Django's usual treatment."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 
 from ..conf import inbox_settings
-from ..db.connection import connection_lost, keep_connection
+from ..db.connection import conflicted, connection_lost, describe, keep_connection
 from ..db.outage import Outage
 from ..models import InboxMessage
 from ..ordered import gaps, waits
@@ -23,6 +24,9 @@ from .leases import is_shared
 from .shutdown import Shutdown
 
 logger = logging.getLogger("django_inbox")
+#: Seconds a worker waits (at random between the two) before its next pass after a conflict
+#: in its own statements, so that two workers that deadlocked do not meet again at once.
+CONFLICT_PAUSE = (0.05, 0.5)
 
 #: Seconds between two looks for ordered consumers' gaps past their timeout.
 GAP_SWEEP_EVERY = 1.0
@@ -130,7 +134,7 @@ class Worker:
                 try:
                     attempts = process_batch(chunk)
                 except Exception as exc:
-                    if connection_lost(exc, self.using):
+                    if connection_lost(exc, self.using) or conflicted(exc):
                         # One message running alone was interrupted; a shared batch blames
                         # nobody (as when its worker dies) and the next pass runs solo.
                         running = chunk[0] if len(chunk) == 1 else None
@@ -157,7 +161,9 @@ class Worker:
         """Process until stopped, ``max_messages`` are handled or idle for ``until_idle``.
 
         The database going away (a restart, a terminated connection, no free slot) does not
-        end the loop: it reconnects with backoff and gives back what it held, uncounted. A
+        end the loop: it reconnects with backoff and gives back what it held, uncounted. Nor
+        does a deadlock or a lock timeout in the worker's own statements (a claim, a gap
+        sweep, a shared batch's commit): it gives back what it held and tries again. A
         database that refuses the connection for its settings (no such database or role, a
         wrong password) ends it: :class:`~django_inbox.db.outage.DatabaseMisconfigured`.
         """
@@ -169,6 +175,12 @@ class Worker:
                 give_back_interrupted(self.using)
                 handled = self.run_once()
             except Exception as exc:
+                if conflicted(exc) and not connection_lost(exc, self.using):
+                    # A deadlock or lock timeout in the worker's own statements: nothing of
+                    # them committed, and the rows a shared batch held were noted to give back.
+                    logger.warning("inbox worker: %s; trying again", describe(exc))
+                    self.shutdown.wait(random.uniform(*CONFLICT_PAUSE))
+                    continue
                 if not connection_lost(exc, self.using):
                     raise
                 outage.wait(exc)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection, utils
 
-from django_inbox.db.connection import connection_lost, mysql_error
+from django_inbox.db.connection import conflicted, connection_lost, mysql_error
 from django_inbox.db.outage import refused_for_settings
 
 MySQLdb = pytest.importorskip("MySQLdb", reason="mysqlclient (the dev extra) raises these")
@@ -91,3 +91,11 @@ def test_refusals_for_the_settings_are_not_outages(code: int, text: str) -> None
 
 def test_a_server_that_went_away_is_an_outage() -> None:
     assert refused_for_settings(raised("OperationalError", 2006, "Server has gone away")) is None
+
+
+@pytest.mark.parametrize(
+    ("code", "conflict"), [(1213, True), (1205, True), (2013, False), (1062, False)]
+)
+def test_deadlocks_and_lock_timeouts_are_conflicts(code: int, conflict: bool) -> None:
+    """What a worker tries again when its own statement meets it (test_worker_conflicts.py)."""
+    assert conflicted(raised("OperationalError", code, "…")) is conflict
