@@ -1,6 +1,6 @@
 """Shared fixtures. Tests run against the database in ``DATABASE_URL`` (PostgreSQL, MariaDB
 and SQLite in CI): those marked ``postgres`` are skipped on the others, those marked
-``server_db`` (several processes sharing the test database) on SQLite."""
+``server_db`` (several processes or connections sharing the test database) on SQLite."""
 
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ def test_ordering_holds_with_the_portable_family_on_postgresql(name: str, portab
     getattr(importlib.import_module(f"tests.unit.{module}"), test)()
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 def test_a_portable_lock_that_must_not_wait_reports_a_held_key_busy() -> None:
     """Another transaction holds the key: the portable lock answers ``None`` (busy) at once, and
     the key once it is free. (On MariaDB it waited for the holder instead: see

@@ -118,7 +118,7 @@ def test_r2_a_dead_version_of_a_rerun_is_kept_by_a_purge() -> None:
 # --- R3: purge of a dead predecessor racing a version going waiting --------------------------
 
 
-@pytest.mark.postgres  # two connections at once (SQLite's test database is one, in memory)
+@pytest.mark.server_db  # two connections at once (SQLite's test database is one, in memory)
 def test_r3_purge_racing_a_new_waiting_version_leaves_no_orphan() -> None:
     """deliver() of K-3 decides 'waiting, no deadline' under the key's lock because K-2 (dead)
     exists, while inbox_purge deletes K-2. The purge took no key lock: K-3 was left waiting

@@ -402,7 +402,7 @@ def test_a_version_whose_lease_was_taken_over_is_not_run() -> None:
     assert taken.status == Status.IN_PROGRESS and taken.lease_id == "another-worker"
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 def test_a_worker_moves_on_from_a_key_another_transaction_is_running() -> None:
     """Another worker runs K-2 (its transaction has updated K's row): a worker that claimed
     K-3 gives it back at once instead of waiting for that transaction to end."""
@@ -418,16 +418,22 @@ def test_a_worker_moves_on_from_a_key_another_transaction_is_running() -> None:
     try:
         with running.cursor() as other, connection.cursor() as mine:
             other.execute("BEGIN")
+            quote = connection.ops.quote_name
             other.execute(
-                f"UPDATE {InboxKey._meta.db_table} SET applied_sequence = 2 "
-                "WHERE consumer = %s AND key = %s",
+                f"UPDATE {quote(InboxKey._meta.db_table)} SET applied_sequence = 2 "
+                f"WHERE consumer = %s AND {quote('key')} = %s",
                 [CONSUMER, "K"],
             )
-            mine.execute("SET lock_timeout = '5s'")  # a wait for the key fails, not hangs
+            # A wait for the key fails, not hangs.
+            mysql = connection.vendor == "mysql"
+            timeout = "innodb_lock_wait_timeout = 5" if mysql else "lock_timeout = '5s'"
+            mine.execute(f"SET {timeout}")
             try:
                 assert process_claimed(claimed) == Outcome.IN_PROGRESS
             finally:
-                mine.execute("RESET lock_timeout")
+                mine.execute(
+                    "SET innodb_lock_wait_timeout = DEFAULT" if mysql else "RESET lock_timeout"
+                )
             other.execute("ROLLBACK")
     finally:
         running.close()
@@ -436,7 +442,7 @@ def test_a_worker_moves_on_from_a_key_another_transaction_is_running() -> None:
     assert runs("K") == [1]
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 def test_a_running_versions_batch_mates_are_taken_over_when_their_lease_runs_out() -> None:
     """A worker runs A-2, the first of its batch, past the lease: its row stays locked until
     it commits. The batch-mate B-2, which never started, is taken over by the next claim,

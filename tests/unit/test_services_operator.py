@@ -461,7 +461,7 @@ def test_an_empty_list_selects_nothing() -> None:
     assert select().count() == 3, "None (the default) still means any"
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_a_dry_run_locks_nothing_so_a_real_replay_at_the_same_time_misses_nothing() -> None:
     from django.db import connections
@@ -525,7 +525,7 @@ def test_rows_still_being_processed_are_never_replayed() -> None:
 # --- concurrency ---------------------------------------------------------------------------
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_interleaved_replays_in_small_batches_replay_each_row_once() -> None:
     """Four threads (own connections) replaying the same 500 rows 7 at a time, interleaved:

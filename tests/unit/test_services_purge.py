@@ -413,7 +413,7 @@ def test_command_summary_line() -> None:
     assert "deleted 1 completed in 1 batch, " in purge_command()
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_a_locked_completed_row_is_skipped_not_waited_for() -> None:
     rows = [make("effects", Status.COMPLETED, 40 * DAY, f"old-{n}") for n in range(5)]

@@ -300,7 +300,7 @@ def test_check_exactly_once_passes_for_the_same_write_deferred_to_on_commit(
     assert file_writing_on_commit_handler.read_text() == "evt-1 attempt 2\n"
 
 
-@pytest.mark.postgres
+@pytest.mark.server_db
 @transactional
 def test_check_exactly_once_catches_a_handler_that_commits_on_its_own_connection() -> None:
     """A handler that writes through a second database connection, as a call to another
