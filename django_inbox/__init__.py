@@ -18,6 +18,7 @@ from .exceptions import (
     UnknownConsumer,
     UnknownEventType,
 )
+from .intake.asynchronous import adeliver, astore
 from .outcomes import Outcome
 from .registry import inbox_handler
 from .side_effect_threads import CarryRunExecutor, carry_run
@@ -44,6 +45,8 @@ __all__ = [
     "TransactionAborted",
     "UnknownConsumer",
     "UnknownEventType",
+    "adeliver",
+    "astore",
     "carry_run",
     "deliver",
     "inbox_handler",
