@@ -1,0 +1,147 @@
+"""``webhook_view()``: a signed webhook straight into the inbox.
+
+Per request: POST only (405); the body read up to the payload limit and no further (413);
+the signature checked over the raw body (401); the body decoded as a JSON object with an
+event type and a message id (400); then ``store()`` (202, workers process it) or
+``deliver()`` (200, processed inline), and 200 for a resend of a message the inbox has. Nothing
+is stored for a 4xx, bad input is never a 5xx, and neither the body nor a secret is logged. A
+database that does not answer is 503, so that the sender tries again later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from django.db import DatabaseError, transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from ...conf import inbox_settings
+from ...exceptions import InvalidMessage, PayloadTooLarge, UnknownEventType
+from ...outcomes import Outcome
+from .verify import Signed, Unauthorized, Verifier
+
+logger = logging.getLogger("django_inbox.webhooks")
+
+#: Headers kept on the row by default: the sender's trace context.
+KEPT_HEADERS = ("traceparent", "tracestate")
+
+
+class Refused(Exception):
+    """A request answered with a 4xx: nothing stored."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def webhook_view(
+    *,
+    consumer: str,
+    verify: Verifier,
+    mode: Literal["store", "deliver"] = "store",
+    max_bytes: int | None = None,
+    keep_headers: Sequence[str] = KEPT_HEADERS,
+) -> Callable[[HttpRequest], HttpResponse]:
+    """A view that takes ``consumer``'s messages from a webhook sender.
+
+    ``verify``: the sender's signature scheme (:class:`StandardWebhooks`,
+    :class:`HmacSignature`, :class:`StripeSignature`). ``mode``: ``"store"`` answers as soon
+    as the message is stored (workers process it), ``"deliver"`` processes it inline first.
+    ``max_bytes``: the largest body taken (``INBOX_MAX_PAYLOAD_BYTES`` by default).
+    ``keep_headers``: request headers stored with the message, by name.
+    """
+    if mode not in ("store", "deliver"):
+        raise ValueError(f"mode must be 'store' or 'deliver', not {mode!r}")
+    kept = tuple(name.lower() for name in keep_headers)
+
+    @csrf_exempt
+    def view(request: HttpRequest) -> HttpResponse:
+        if request.method != "POST":
+            response = JsonResponse({"error": "POST only"}, status=405)
+            response["Allow"] = "POST"
+            return response
+        try:
+            limit = max_bytes if max_bytes is not None else inbox_settings.max_payload_bytes
+            body = _read(request, limit)
+            headers = {name.lower(): value for name, value in request.headers.items()}
+            try:
+                signed = verify.verify(headers, body)
+            except Unauthorized as exc:
+                raise Refused(401, str(exc)) from None
+            message = _message(body, signed, consumer, headers, kept)
+            return _take(message, mode)
+        except Refused as exc:
+            logger.info("webhook for %s refused (%s): %s", consumer, exc.status, exc.reason)
+            return JsonResponse({"error": exc.reason}, status=exc.status)
+
+    view.__name__ = view.__qualname__ = f"webhook_view_{consumer}"
+    return transaction.non_atomic_requests(using=inbox_settings.database)(view)
+
+
+def _read(request: HttpRequest, limit: int) -> bytes:
+    """The body, never more than ``limit`` bytes of it read."""
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise Refused(400, "Content-Length is not a number") from None
+    if declared > limit:
+        raise Refused(413, f"the body is larger than {limit} bytes")
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        raise Refused(413, f"the body is larger than {limit} bytes")
+    return body
+
+
+def _message(
+    body: bytes, signed: Signed, consumer: str, headers: dict[str, str], kept: tuple[str, ...]
+) -> dict[str, Any]:
+    """The inbox message a verified body makes, or :class:`Refused` (400)."""
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise Refused(400, "the body is not UTF-8") from None
+    except ValueError:
+        raise Refused(400, "the body is not JSON") from None
+    found = payload if isinstance(payload, dict) else {}
+    event_type = signed.event_type or found.get("type")
+    if not isinstance(event_type, str) or not event_type:
+        raise Refused(400, "no event type (a header of the sender's, or the body's 'type')")
+    message_id = signed.message_id or found.get("id")
+    if isinstance(message_id, int) and not isinstance(message_id, bool):
+        message_id = str(message_id)
+    if not isinstance(message_id, str) or not message_id:
+        raise Refused(400, "no message id (a header of the sender's, or the body's 'id')")
+    return {
+        "consumer": consumer,
+        "message_id": message_id,
+        "event_type": event_type,
+        "payload": payload,
+        "headers": {name: headers[name] for name in kept if name in headers},
+        "source": "webhook",
+    }
+
+
+def _take(message: dict[str, Any], mode: str) -> HttpResponse:
+    from ... import deliver, store
+
+    try:
+        if mode == "store":
+            new = store(**message)
+            return JsonResponse({"stored": new, "duplicate": not new}, status=202 if new else 200)
+        outcome = deliver(**message)
+    except PayloadTooLarge as exc:
+        raise Refused(413, str(exc)) from None
+    except (InvalidMessage, UnknownEventType) as exc:
+        raise Refused(400, str(exc)) from None
+    except DatabaseError as exc:
+        logger.warning(
+            "webhook for %s: the database did not take it (%s)", message["consumer"], exc
+        )
+        return JsonResponse({"error": "the database is not available; try again"}, status=503)
+    status = 202 if outcome in (Outcome.IN_PROGRESS,) else 200
+    return JsonResponse({"outcome": outcome.value}, status=status)
