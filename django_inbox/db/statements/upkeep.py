@@ -85,7 +85,9 @@ def estimated_rows(using: str, table: str | None = None) -> int:
     table that grew since (autovacuum may be off), and a guess from the table's size if it
     never was analysed. On MariaDB and MySQL, InnoDB's ``TABLE_ROWS`` (sampled statistics,
     off by up to half, which InnoDB refreshes once a tenth of the table changed; MySQL 8
-    also caches them for ``information_schema_stats_expiry``, a day by default).
+    also caches them for ``information_schema_stats_expiry``, a day by default). After a
+    large delete (a purge) InnoDB's estimate can be far too low, down to 0, until the table
+    is rebuilt: callers then count exactly, which is slower but never wrong.
     """
     connection = connections[using]
     if connection.vendor == "mysql":
