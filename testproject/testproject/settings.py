@@ -97,7 +97,9 @@ INBOX_CONSUMERS = {
         "backoff_max": 0.05,
     },
     "effects": {
-        "max_attempts": 3,
+        # A chaos test that kills workers N times raises it above N: a row killed in every
+        # attempt would end dead, and the test would count it lost.
+        "max_attempts": env.int("EFFECTS_MAX_ATTEMPTS", default=3),
         "backoff_base": 0.01,
         "backoff_max": 0.05,
         "lease": env.float("EFFECTS_LEASE", default=2.0),

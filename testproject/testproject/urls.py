@@ -12,6 +12,8 @@ from django_inbox.contrib.webhooks import (
 STANDARD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 GITHUB_SECRET = "It's a Secret to Everybody"
 STRIPE_SECRET = "whsec_test_stripe_endpoint_secret"
+#: The body limit of hooks/standard/small/ (bytes).
+SMALL_LIMIT = 4096
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -37,4 +39,28 @@ urlpatterns = [
         ),
     ),
     path("hooks/stripe/", webhook_view(consumer="effects", verify=StripeSignature(STRIPE_SECRET))),
+    path(
+        "hooks/standard/async/",
+        webhook_view(
+            consumer="effects", verify=StandardWebhooks(STANDARD_SECRET), asynchronous=True
+        ),
+    ),
+    path(
+        "hooks/standard/async/deliver/",
+        webhook_view(
+            consumer="effects",
+            verify=StandardWebhooks(STANDARD_SECRET),
+            mode="deliver",
+            asynchronous=True,
+        ),
+    ),
+    path(
+        "hooks/standard/small/",
+        webhook_view(
+            consumer="effects",
+            verify=StandardWebhooks(STANDARD_SECRET),
+            max_bytes=SMALL_LIMIT,
+            asynchronous=True,
+        ),
+    ),
 ]

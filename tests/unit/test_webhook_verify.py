@@ -4,6 +4,7 @@ GitHub and Stripe document them. No database needed."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import time
@@ -84,6 +85,24 @@ def test_several_signatures_in_one_header_any_one_will_do() -> None:
 def test_a_timestamp_outside_five_minutes_is_refused(offset: int) -> None:
     with pytest.raises(Unauthorized, match="more than 300s away"):
         StandardWebhooks(SECRET).verify(standard(at=time.time() + offset), BODY)
+
+
+@pytest.mark.parametrize("shape", [" {}", "+{}", "{}\n", "-{}", "{}_0", "{}.5"], ids=repr)
+def test_a_timestamp_is_ascii_digits_only(shape: str) -> None:
+    """Signed as sent (the timestamp is part of what is signed), and still refused: a number
+    of seconds is ASCII digits, not whatever ``int()`` would take. Other scripts' digits too."""
+    now = str(int(time.time()))
+    for stamp in [shape.format(now), "\u0661\u0667" + "\u0660" * 8]:
+        content = f"msg_1.{stamp}.".encode() + BODY
+        key = StandardWebhooks(SECRET).keys[0]
+        mac = base64.b64encode(hmac.new(key, content, hashlib.sha256).digest()).decode()
+        headers = {
+            "webhook-id": "msg_1",
+            "webhook-timestamp": stamp,
+            "webhook-signature": f"v1,{mac}",
+        }
+        with pytest.raises(Unauthorized, match="not a number of seconds"):
+            StandardWebhooks(SECRET).verify(headers, BODY)
 
 
 def test_a_replayed_old_signature_is_refused() -> None:

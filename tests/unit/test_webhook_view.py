@@ -177,3 +177,123 @@ def test_under_atomic_requests_the_inbox_commits_its_own_transaction() -> None:
     from django.urls import resolve
 
     assert connection.alias in resolve("/hooks/standard/deliver/").func._non_atomic_requests
+
+
+def test_the_async_view_is_a_coroutine_function_with_the_same_exemptions() -> None:
+    from asgiref.sync import iscoroutinefunction
+    from django.urls import resolve
+
+    for path, is_async in [("/hooks/standard/", False), ("/hooks/standard/async/", True)]:
+        view = resolve(path).func
+        assert iscoroutinefunction(view) is is_async
+        assert view.csrf_exempt is True
+        assert set(view._non_atomic_requests) == {"default"}  # every database configured
+
+
+def test_the_async_views_answer_as_the_sync_ones() -> None:
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    try:
+        asyncio.run(through_the_async_views())
+    finally:
+        # Django's thread for async database work opened its own connection: closed, as a
+        # request's end would, so the test database can be dropped.
+        asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
+
+
+async def through_the_async_views() -> None:
+    from asgiref.sync import sync_to_async
+    from django.test import AsyncClient
+
+    client = AsyncClient(enforce_csrf_checks=True)
+    body = event(order=1)
+    first = await client.post(
+        "/hooks/standard/async/", body, content_type="application/json", headers=standard(body)
+    )
+    again = await client.post(
+        "/hooks/standard/async/", body, content_type="application/json", headers=standard(body)
+    )
+    assert (first.status_code, first.json()) == (202, {"stored": True, "duplicate": False})
+    assert (again.status_code, again.json()) == (200, {"stored": False, "duplicate": True})
+
+    delivered = await client.post(
+        "/hooks/standard/async/deliver/",
+        body,
+        content_type="application/json",
+        headers=standard(body, "msg_ad"),
+    )
+    assert (delivered.status_code, delivered.json()) == (200, {"outcome": "processed"})
+    tampered = await client.post(
+        "/hooks/standard/async/",
+        body + b" ",
+        content_type="application/json",
+        headers=standard(body, "msg_t"),
+    )
+    assert tampered.status_code == 401
+    wrong_method = await client.get("/hooks/standard/async/")
+    assert (wrong_method.status_code, wrong_method["Allow"]) == (405, "POST")
+
+    ids = await sync_to_async(
+        lambda: sorted(InboxMessage.objects.values_list("message_id", flat=True))
+    )()
+    assert ids == ["msg_1", "msg_ad"]
+    assert await sync_to_async(effect_counts)() == {"msg_ad": 1}
+
+
+def test_a_negative_content_length_is_400() -> None:
+    body = event()
+    response = Client().generic(
+        "POST", "/hooks/standard/", body, content_type="application/json",
+        headers=standard(body), CONTENT_LENGTH="-5",
+    )  # fmt: skip
+    assert (response.status_code, response.json()) == (400, {"error": "Content-Length is negative"})
+    assert not InboxMessage.objects.exists()
+
+
+def test_an_error_of_the_service_itself_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the service (not the sender's input, not the database) is a 500: the sender
+    retries, and the error reaches the service's error reporting rather than a 2xx or 4xx."""
+    import django_inbox
+
+    def broken(**message: Any) -> bool:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(django_inbox, "store", broken)
+    body = event()
+    with pytest.raises(RuntimeError, match="a bug"):
+        post("/hooks/standard/", body, standard(body))
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"id": "evt_\u0000nul"}, "message_id contains a NUL"),
+        ({"id": "x" * 10_000}, "message_id is 10000 characters long"),
+        ({"id": "evt_ok", "note": "a NUL \u0000 in a value"}, "payload contains a NUL"),
+        ({"id": "evt_ok", "type": "t" * 10_000}, "event_type is 10000 characters long"),
+        ({"id": "evt_ok", "deep": json.loads("[" * 200 + "]" * 200)}, "payload is nested more"),
+        ({"id": True}, "no message id"),
+        ({"id": 10**30}, None),  # an integer id is taken as its digits
+    ],
+    ids=["nul id", "long id", "nul in payload", "long type", "deep", "bool id", "huge int id"],
+)
+def test_hostile_fields_of_a_signed_body_are_400_never_500(
+    fields: dict[str, Any], says: str | None
+) -> None:
+    """A sender (or whoever holds its secret) can sign anything: what the inbox cannot store
+    is a 400 with the reason, and nothing is stored."""
+    body = json.dumps({"type": "effect.write", **fields}).encode()
+    stamp = str(int(time.time()))
+    digest = hmac.new(STRIPE_SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256)
+    signature = {"Stripe-Signature": f"t={stamp},v1={digest.hexdigest()}"}
+    response = post("/hooks/stripe/", body, signature)
+    if says is None:
+        assert response.status_code == 202, response.content
+        assert InboxMessage.objects.get().message_id == str(fields["id"])
+    else:
+        assert response.status_code == 400, response.content
+        assert says in response.json()["error"]
+        assert not InboxMessage.objects.exists()

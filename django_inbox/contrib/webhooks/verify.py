@@ -47,10 +47,10 @@ def _secrets(secret: str | bytes | Sequence[str | bytes]) -> list[bytes]:
 
 
 def _within(timestamp: str, tolerance: float, now: float | None) -> None:
-    try:
-        signed_at = int(timestamp)
-    except ValueError:
-        raise Unauthorized("the signature's timestamp is not a number") from None
+    # ASCII digits only: int() would also take " 1", "+1", "1_0" and other scripts' digits.
+    if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12):
+        raise Unauthorized("the signature's timestamp is not a number of seconds")
+    signed_at = int(timestamp)
     if abs((time.time() if now is None else now) - signed_at) > tolerance:
         raise Unauthorized(f"the signature's timestamp is more than {tolerance:g}s away")
 

@@ -15,9 +15,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
 
 from ...conf import inbox_settings
 from ...exceptions import InvalidMessage, PayloadTooLarge, UnknownEventType
@@ -46,41 +45,78 @@ def webhook_view(
     mode: Literal["store", "deliver"] = "store",
     max_bytes: int | None = None,
     keep_headers: Sequence[str] = KEPT_HEADERS,
-) -> Callable[[HttpRequest], HttpResponse]:
+    asynchronous: bool = False,
+) -> Callable[..., Any]:
     """A view that takes ``consumer``'s messages from a webhook sender.
 
     ``verify``: the sender's signature scheme (:class:`StandardWebhooks`,
     :class:`HmacSignature`, :class:`StripeSignature`). ``mode``: ``"store"`` answers as soon
     as the message is stored (workers process it), ``"deliver"`` processes it inline first.
     ``max_bytes``: the largest body taken (``INBOX_MAX_PAYLOAD_BYTES`` by default).
-    ``keep_headers``: request headers stored with the message, by name.
+    ``keep_headers``: request headers stored with the message, by name. ``asynchronous``: an
+    ``async def`` view (for ASGI servers: no thread is held while the request waits for the
+    database), which stores with :func:`~django_inbox.astore` and processes with
+    :func:`~django_inbox.adeliver`; the answers are the same.
+
+    Under ASGI, Django reads a request's whole body before any view runs: wrap the
+    application in :func:`~django_inbox.contrib.webhooks.asgi.webhook_body_limit` so a body
+    over the limit is refused before it is read.
     """
     if mode not in ("store", "deliver"):
         raise ValueError(f"mode must be 'store' or 'deliver', not {mode!r}")
     kept = tuple(name.lower() for name in keep_headers)
 
-    @csrf_exempt
-    def view(request: HttpRequest) -> HttpResponse:
+    def prepare(request: HttpRequest) -> dict[str, Any]:
+        """The message a request carries, or :class:`Refused`."""
         if request.method != "POST":
-            response = JsonResponse({"error": "POST only"}, status=405)
-            response["Allow"] = "POST"
-            return response
+            raise Refused(405, "POST only")
+        limit = max_bytes if max_bytes is not None else inbox_settings.max_payload_bytes
+        body = _read(request, limit)
+        headers = {name.lower(): value for name, value in request.headers.items()}
         try:
-            limit = max_bytes if max_bytes is not None else inbox_settings.max_payload_bytes
-            body = _read(request, limit)
-            headers = {name.lower(): value for name, value in request.headers.items()}
+            signed = verify.verify(headers, body)
+        except Unauthorized as exc:
+            raise Refused(401, str(exc)) from None
+        return _message(body, signed, consumer, headers, kept)
+
+    view: Callable[..., Any]
+    if asynchronous:
+
+        async def async_view(request: HttpRequest) -> HttpResponse:
             try:
-                signed = verify.verify(headers, body)
-            except Unauthorized as exc:
-                raise Refused(401, str(exc)) from None
-            message = _message(body, signed, consumer, headers, kept)
-            return _take(message, mode)
-        except Refused as exc:
-            logger.info("webhook for %s refused (%s): %s", consumer, exc.status, exc.reason)
-            return JsonResponse({"error": exc.reason}, status=exc.status)
+                return await _atake(prepare(request), mode)
+            except Refused as exc:
+                return _refusal(consumer, exc)
+
+        view = async_view
+    else:
+
+        def sync_view(request: HttpRequest) -> HttpResponse:
+            try:
+                return _take(prepare(request), mode)
+            except Refused as exc:
+                return _refusal(consumer, exc)
+
+        view = sync_view
 
     view.__name__ = view.__qualname__ = f"webhook_view_{consumer}"
-    return transaction.non_atomic_requests(using=inbox_settings.database)(view)
+    # Senders sign their requests; they have no CSRF token. (The attribute, not the
+    # decorator: on Django 4.2 the decorator hides that the view is a coroutine function.)
+    # webhook_body_limit() reads webhook_max_bytes (None: INBOX_MAX_PAYLOAD_BYTES).
+    vars(view).update(csrf_exempt=True, webhook_max_bytes=max_bytes)
+    # The inbox commits its own transactions: ATOMIC_REQUESTS must not wrap them in the
+    # request's (a message would be answered stored before it is committed), on any database.
+    for alias in connections:
+        view = transaction.non_atomic_requests(using=alias)(view)
+    return view
+
+
+def _refusal(consumer: str, exc: Refused) -> HttpResponse:
+    logger.info("webhook for %s refused (%s): %s", consumer, exc.status, exc.reason)
+    response = JsonResponse({"error": exc.reason}, status=exc.status)
+    if exc.status == 405:
+        response["Allow"] = "POST"
+    return response
 
 
 def _read(request: HttpRequest, limit: int) -> bytes:
@@ -89,6 +125,8 @@ def _read(request: HttpRequest, limit: int) -> bytes:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         raise Refused(400, "Content-Length is not a number") from None
+    if declared < 0:
+        raise Refused(400, "Content-Length is negative")
     if declared > limit:
         raise Refused(413, f"the body is larger than {limit} bytes")
     body = request.read(limit + 1)
@@ -131,17 +169,43 @@ def _take(message: dict[str, Any], mode: str) -> HttpResponse:
 
     try:
         if mode == "store":
-            new = store(**message)
-            return JsonResponse({"stored": new, "duplicate": not new}, status=202 if new else 200)
-        outcome = deliver(**message)
-    except PayloadTooLarge as exc:
+            return _stored(store(**message))
+        return _delivered(deliver(**message))
+    except Exception as exc:
+        return _failed(message, exc)
+
+
+async def _atake(message: dict[str, Any], mode: str) -> HttpResponse:
+    from ... import adeliver, astore
+
+    try:
+        if mode == "store":
+            return _stored(await astore(**message))
+        return _delivered(await adeliver(**message))
+    except Exception as exc:
+        return _failed(message, exc)
+
+
+def _stored(new: bool) -> HttpResponse:
+    return JsonResponse({"stored": new, "duplicate": not new}, status=202 if new else 200)
+
+
+def _delivered(outcome: Outcome) -> HttpResponse:
+    status = 202 if outcome in (Outcome.IN_PROGRESS,) else 200
+    return JsonResponse({"outcome": outcome.value}, status=status)
+
+
+def _failed(message: dict[str, Any], exc: Exception) -> HttpResponse:
+    """The answer to what ``store()``/``deliver()`` raised: 413 or 400 for a message the inbox
+    refuses, 503 for a database that did not answer (the sender tries again); anything else is
+    the service's own fault and propagates (500, and the sender tries again)."""
+    if isinstance(exc, PayloadTooLarge):
         raise Refused(413, str(exc)) from None
-    except (InvalidMessage, UnknownEventType) as exc:
+    if isinstance(exc, InvalidMessage | UnknownEventType):
         raise Refused(400, str(exc)) from None
-    except DatabaseError as exc:
+    if isinstance(exc, DatabaseError):
         logger.warning(
             "webhook for %s: the database did not take it (%s)", message["consumer"], exc
         )
         return JsonResponse({"error": "the database is not available; try again"}, status=503)
-    status = 202 if outcome in (Outcome.IN_PROGRESS,) else 200
-    return JsonResponse({"outcome": outcome.value}, status=status)
+    raise exc
