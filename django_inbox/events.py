@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from . import signals
+from .text import printable
 
 if TYPE_CHECKING:
     from .models import InboxMessage
@@ -103,7 +104,10 @@ def event(
             "inbox_error_type": error_type,
             "inbox_retry_at": retry_at.isoformat() if retry_at else None,
         }
-        text = f"inbox {consumer}/{event_type} {message_id} attempt {attempt}: {kind}"
+        text = (
+            f"inbox {printable(consumer)}/{printable(event_type)} {printable(message_id)} "
+            f"attempt {attempt}: {kind}"
+        )
         if error_type:
             text += f" ({error_type})"
         if duration is not None:

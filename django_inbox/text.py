@@ -87,3 +87,13 @@ def exception_text(exc: BaseException) -> str:
     if frames:
         text += "\nTraceback (most recent call last):\n" + "".join(frames).rstrip("\n")
     return text
+
+
+def printable(value: str) -> str:
+    """``value`` for a line of a log: characters that are not printable (control characters,
+    line and paragraph separators, bidirectional overrides) shown as their escapes, so an id
+    chosen by a sender cannot start a forged log line. The record's structured fields keep
+    the value as it is."""
+    if value.isprintable():
+        return value
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in value)

@@ -144,7 +144,7 @@ def post(
     server: Server,
     path: str,
     body: bytes,
-    headers: dict[str, str],
+    headers: dict[str, Any],
     connection: http.client.HTTPConnection | None = None,
 ) -> tuple[int, Any]:
     own = connection is None
@@ -198,6 +198,12 @@ def test_signed_requests_over_http(server: Server, view: str) -> None:
     )
     assert post(server, path, body, rotated)[0] == 202
 
+    # An id in UTF-8 (servers decode headers as Latin-1; the view takes the bytes back).
+    utf8_id = "évt_ü"
+    utf8 = hand_signed(body, utf8_id)
+    sent_headers: dict[str, Any] = {**utf8, "webhook-id": utf8_id.encode()}
+    assert post(server, path, body, sent_headers)[0] == 202
+
     not_utf8 = b'{"type": "effect.write", "name": "\xff\xfe"}'
     status, answer = post(server, path, not_utf8, hand_signed(not_utf8, "evt_latin"))
     assert (status, answer) == (400, {"error": "the body is not UTF-8"})
@@ -207,7 +213,7 @@ def test_signed_requests_over_http(server: Server, view: str) -> None:
     assert post(server, path, no_type, signed(no_type, "evt_untyped"))[0] == 400
 
     stored = set(InboxMessage.objects.values_list("message_id", flat=True))
-    assert stored == {"evt_new", "evt_rotated"}, "nothing is stored for a 4xx"
+    assert stored == {"evt_new", "evt_rotated", "évt_ü"}, "nothing is stored for a 4xx"
 
 
 def test_hand_computed_hmacs_of_github_and_stripe(server: Server) -> None:
@@ -311,6 +317,14 @@ def test_chunked_and_slow_bodies_under_asgi(asgi: Server) -> None:
     )
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert f"larger than {SMALL_LIMIT} bytes".encode() in answer
+
+    # Without its slash, the path Django would redirect to a webhook view has its limit too.
+    answer = raw_request(
+        asgi,
+        head_of("/hooks/standard/small", headers, f"Content-Length: {30 * 2**20}\r\n"),
+        lambda sock: sock.sendall(b"x" * 65536),
+    )
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
 
     # Paths that are not a webhook view's pass through untouched, whatever their body.
     admin = raw_request(

@@ -739,3 +739,24 @@ def _request(url: str) -> Any:
     from django.test import RequestFactory
 
     return RequestFactory().get(url)
+
+
+@pytest.mark.django_db
+def test_an_id_with_control_characters_cannot_forge_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sender chooses its message ids: a newline in one must not start a line of the log
+    that looks like the inbox's own. The text escapes it; the structured field keeps it."""
+    caplog.set_level(logging.DEBUG, logger="django_inbox")
+    forged = "evt_1\ninbox effects/effect.write evt_2 attempt 1: processed\u2028\x1b[31m"
+    assert deliver(consumer="effects", message_id=forged, event_type="effect.write", payload={})
+
+    lines = [r.getMessage() for r in caplog.records if getattr(r, "inbox_message_id", None)]
+    assert lines and all("\n" not in line and "\u2028" not in line for line in lines)
+    assert all("\x1b" not in line for line in lines)
+    assert (
+        "evt_1\\ninbox effects/effect.write evt_2 attempt 1: processed\\u2028\\x1b[31m" in lines[0]
+    )
+    assert {r.inbox_message_id for r in caplog.records if hasattr(r, "inbox_message_id")} == {
+        forged
+    }

@@ -204,3 +204,13 @@ def test_a_stale_stripe_signature_and_a_tampered_body_are_refused() -> None:
         StripeSignature(STRIPE).verify(stripe(BODY, at=time.time() - 600), BODY)
     with pytest.raises(Unauthorized, match="no v1 signature matches"):
         StripeSignature(STRIPE).verify(stripe(BODY), BODY.replace(b"1", b"2"))
+
+
+def test_hex_signatures_are_taken_in_either_case() -> None:
+    """Hex is hex: Stripe and GitHub-style signatures match in upper case too."""
+    stamp = str(int(time.time()))
+    mac = hmac.new(STRIPE.encode(), f"{stamp}.".encode() + BODY, hashlib.sha256).hexdigest()
+    StripeSignature(STRIPE).verify({"stripe-signature": f"t={stamp},v1={mac.upper()}"}, BODY)
+    upper = github(BODY)
+    upper["x-hub-signature-256"] = "sha256=" + upper["x-hub-signature-256"][7:].upper()
+    github_verifier().verify(upper, BODY)

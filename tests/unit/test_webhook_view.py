@@ -297,3 +297,58 @@ def test_hostile_fields_of_a_signed_body_are_400_never_500(
         assert response.status_code == 400, response.content
         assert says in response.json()["error"]
         assert not InboxMessage.objects.exists()
+
+
+def signed_by_stripe(body: bytes) -> dict[str, str]:
+    stamp = str(int(time.time()))
+    digest = hmac.new(STRIPE_SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256)
+    return {"Stripe-Signature": f"t={stamp},v1={digest.hexdigest()}"}
+
+
+@pytest.mark.parametrize("depth", [1_000, 5_000, 100_000])
+def test_nesting_past_pythons_parser_is_400_not_500(depth: int) -> None:
+    """Past about 1,000 levels ``json.loads`` raises ``RecursionError``, not ``ValueError``:
+    it is still the sender's bad input."""
+    body = b'{"type": "effect.write", "id": "evt_deep", "d": ' + b"[" * depth + b"]" * depth + b"}"
+    response = post("/hooks/stripe/", body, signed_by_stripe(body))
+    assert response.status_code == 400, response.content[:300]
+    assert "nested" in response.json()["error"]
+    assert not InboxMessage.objects.exists()
+
+
+@pytest.mark.parametrize("given", ["+5", "1_0", " 12x", "\u0661"])
+def test_a_content_length_that_is_not_digits_is_400(given: str) -> None:
+    body = event()
+    response = Client().generic(
+        "POST", "/hooks/standard/", body, content_type="application/json",
+        headers=standard(body), CONTENT_LENGTH=given,
+    )  # fmt: skip
+    assert (response.status_code, response.json()) == (
+        400,
+        {"error": "Content-Length is not a number"},
+    )
+
+
+def test_a_sender_gone_mid_body_is_answered_without_an_error_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The socket reset under a WSGI server: Django raises ``UnreadablePostError`` from the
+    read; the view answers (nobody listens) instead of logging an internal server error."""
+    from django.test import RequestFactory
+    from django.urls import resolve
+
+    class Reset:
+        def read(self, *args: Any) -> bytes:
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+    body = event()
+    request = RequestFactory().generic(
+        "POST", "/hooks/standard/", body, content_type="application/json", headers=standard(body)
+    )
+    request._stream = Reset()  # type: ignore[attr-defined]
+    with caplog.at_level("INFO", logger="django"):
+        response = resolve("/hooks/standard/").func(request)
+    assert response.status_code == 400
+    assert "went away" in json.loads(response.content)["error"]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    assert not InboxMessage.objects.exists()

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from django.conf import settings
 from django.urls import Resolver404, resolve
 
 from ...conf import inbox_settings
@@ -95,7 +96,14 @@ def _limit(scope: Scope) -> int | None:
     try:
         match = resolve(path)
     except Resolver404:
-        return None
+        if not settings.APPEND_SLASH or path.endswith("/"):
+            return None
+        # Django would redirect to the path with its slash, after reading the whole body:
+        # the view's limit applies to its slashless path too.
+        try:
+            match = resolve(path + "/")
+        except Resolver404:
+            return None
     if not hasattr(match.func, "webhook_max_bytes"):
         return None
     limit = match.func.webhook_max_bytes

@@ -155,7 +155,9 @@ class StripeSignature(Verifier):
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None) -> Signed:
         fields = [part.partition("=") for part in headers.get(self.header, "").split(",")]
         timestamps = [value for name, _, value in fields if name.strip() == "t"]
-        signatures = [value.strip().encode() for name, _, value in fields if name.strip() == "v1"]
+        signatures = [
+            value.strip().lower().encode() for name, _, value in fields if name.strip() == "v1"
+        ]
         if len(timestamps) != 1 or not signatures:
             raise Unauthorized("Stripe-Signature needs one t= and a v1= signature")
         _within(timestamps[0], self.tolerance, now)

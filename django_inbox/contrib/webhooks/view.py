@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from django.db import DatabaseError, connections, transaction
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 
 from ...conf import inbox_settings
 from ...exceptions import InvalidMessage, PayloadTooLarge, UnknownEventType
@@ -72,7 +72,7 @@ def webhook_view(
             raise Refused(405, "POST only")
         limit = max_bytes if max_bytes is not None else inbox_settings.max_payload_bytes
         body = _read(request, limit)
-        headers = {name.lower(): value for name, value in request.headers.items()}
+        headers = {name.lower(): _text(value) for name, value in request.headers.items()}
         try:
             signed = verify.verify(headers, body)
         except Unauthorized as exc:
@@ -119,17 +119,32 @@ def _refusal(consumer: str, exc: Refused) -> HttpResponse:
     return response
 
 
+def _text(value: str) -> str:
+    """A header's value as the sender wrote it: servers hand headers over decoded as Latin-1
+    (as WSGI and ASGI say), so a UTF-8 id such as ``évt_1`` arrives as ``Ã©vt_1``; its bytes
+    are UTF-8 again here, and a signature over them matches. A value that is not UTF-8 stays
+    as the server gave it."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
+
+
 def _read(request: HttpRequest, limit: int) -> bytes:
     """The body, never more than ``limit`` bytes of it read."""
-    try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise Refused(400, "Content-Length is not a number") from None
-    if declared < 0:
+    given = str(request.META.get("CONTENT_LENGTH") or "0").strip()
+    if given.startswith("-"):
         raise Refused(400, "Content-Length is negative")
-    if declared > limit:
+    if not (given.isascii() and given.isdigit()):  # int() would take "+5" and "1_0"
+        raise Refused(400, "Content-Length is not a number")
+    if int(given) > limit:
         raise Refused(413, f"the body is larger than {limit} bytes")
-    body = request.read(limit + 1)
+    try:
+        body = request.read(limit + 1)
+    except UnreadablePostError:  # the sender went away mid-body: nobody reads the answer
+        raise Refused(400, "the body could not be read (the sender went away)") from None
     if len(body) > limit:
         raise Refused(413, f"the body is larger than {limit} bytes")
     return body
@@ -145,6 +160,8 @@ def _message(
         raise Refused(400, "the body is not UTF-8") from None
     except ValueError:
         raise Refused(400, "the body is not JSON") from None
+    except RecursionError:  # nested deeper than Python's parser goes (~1,000 levels)
+        raise Refused(400, "the body is nested too deeply") from None
     found = payload if isinstance(payload, dict) else {}
     event_type = signed.event_type or found.get("type")
     if not isinstance(event_type, str) or not event_type:
