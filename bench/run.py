@@ -115,6 +115,7 @@ ALONE = {
     "scale": ("bench.scale", "bench_scale", "render_scale"),
     "memory": ("bench.memory", "bench_memory", "render_memory"),
     "waiting": ("bench.waiting", "bench_waiting", "render_waiting"),
+    "webhooks": ("bench.webhooks", "bench_webhooks", "render_webhooks"),
 }
 
 

@@ -13,6 +13,10 @@ the in-process figures keep the test project's settings):
   the consumer's PostgreSQL backend (and its CPU time) in ``pg_stat_activity``.
 - ``BENCH_MAX_PAYLOAD_BYTES``: ``INBOX_MAX_PAYLOAD_BYTES``, so the memory benchmark's consumer
   of large messages admits them.
+- ``BENCH_URLCONF``: ``ROOT_URLCONF`` (the webhook benchmark's server: ``bench.webhook_urls``).
+- ``BENCH_DB_POOL``: psycopg's connection pool (``OPTIONS["pool"]``, with ``CONN_MAX_AGE`` 0),
+  what Django advises under ASGI, where each request's sync work runs on a thread of its own
+  and a per-thread persistent connection would be opened anew for every request.
 """
 
 import os
@@ -35,3 +39,9 @@ if _application_name:
 _max_payload = os.environ.get("BENCH_MAX_PAYLOAD_BYTES")
 if _max_payload:
     INBOX_MAX_PAYLOAD_BYTES = int(_max_payload)
+_urlconf = os.environ.get("BENCH_URLCONF")
+if _urlconf:
+    ROOT_URLCONF = _urlconf
+if os.environ.get("BENCH_DB_POOL"):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 8, "max_size": 16}  # noqa: F405

@@ -256,12 +256,12 @@ def test_a_negative_content_length_is_400() -> None:
 def test_an_error_of_the_service_itself_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug in the service (not the sender's input, not the database) is a 500: the sender
     retries, and the error reaches the service's error reporting rather than a 2xx or 4xx."""
-    import django_inbox
+    from django_inbox.intake import storing
 
     def broken(**message: Any) -> bool:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(django_inbox, "store", broken)
+    monkeypatch.setattr(storing, "store", broken)
     body = event()
     with pytest.raises(RuntimeError, match="a bug"):
         post("/hooks/standard/", body, standard(body))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from django.db import DatabaseError, connections, transaction
@@ -72,7 +72,7 @@ def webhook_view(
             raise Refused(405, "POST only")
         limit = max_bytes if max_bytes is not None else inbox_settings.max_payload_bytes
         body = _read(request, limit)
-        headers = {name.lower(): _text(value) for name, value in request.headers.items()}
+        headers = _Headers(request.headers)
         try:
             signed = verify.verify(headers, body)
         except Unauthorized as exc:
@@ -119,6 +119,26 @@ def _refusal(consumer: str, exc: Refused) -> HttpResponse:
     return response
 
 
+class _Headers(Mapping[str, str]):
+    """A request's headers by name in any case, each value as the sender wrote it
+    (:func:`_text`), converted only when read: a verifier reads three or four of them."""
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._headers = headers  # Django's HttpHeaders: names in any case
+
+    def __getitem__(self, name: str) -> str:
+        return _text(self._headers[name])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._headers
+
+    def __iter__(self) -> Iterator[str]:
+        return (name.lower() for name in self._headers)
+
+    def __len__(self) -> int:
+        return len(self._headers)
+
+
 def _text(value: str) -> str:
     """A header's value as the sender wrote it: servers hand headers over decoded as Latin-1
     (as WSGI and ASGI say), so a UTF-8 id such as ``évt_1`` arrives as ``Ã©vt_1``; its bytes
@@ -151,7 +171,7 @@ def _read(request: HttpRequest, limit: int) -> bytes:
 
 
 def _message(
-    body: bytes, signed: Signed, consumer: str, headers: dict[str, str], kept: tuple[str, ...]
+    body: bytes, signed: Signed, consumer: str, headers: Mapping[str, str], kept: tuple[str, ...]
 ) -> dict[str, Any]:
     """The inbox message a verified body makes, or :class:`Refused` (400)."""
     try:
@@ -182,29 +202,36 @@ def _message(
 
 
 def _take(message: dict[str, Any], mode: str) -> HttpResponse:
-    from ... import deliver, store
+    from ...intake import delivery, storing
 
     try:
         if mode == "store":
-            return _stored(store(**message))
-        return _delivered(deliver(**message))
+            return _stored(storing.store(**message))
+        return _delivered(delivery.deliver(**message))
     except Exception as exc:
         return _failed(message, exc)
 
 
 async def _atake(message: dict[str, Any], mode: str) -> HttpResponse:
-    from ... import adeliver, astore
+    from ...intake import asynchronous
 
     try:
         if mode == "store":
-            return _stored(await astore(**message))
-        return _delivered(await adeliver(**message))
+            return _stored(await asynchronous.astore(**message))
+        return _delivered(await asynchronous.adeliver(**message))
     except Exception as exc:
         return _failed(message, exc)
 
 
+#: The answers to a stored message and to a resend, made once.
+_STORED = json.dumps({"stored": True, "duplicate": False}).encode()
+_DUPLICATE = json.dumps({"stored": False, "duplicate": True}).encode()
+
+
 def _stored(new: bool) -> HttpResponse:
-    return JsonResponse({"stored": new, "duplicate": not new}, status=202 if new else 200)
+    if new:
+        return HttpResponse(_STORED, status=202, content_type="application/json")
+    return HttpResponse(_DUPLICATE, status=200, content_type="application/json")
 
 
 def _delivered(outcome: Outcome) -> HttpResponse:
