@@ -116,6 +116,7 @@ ALONE = {
     "memory": ("bench.memory", "bench_memory", "render_memory"),
     "waiting": ("bench.waiting", "bench_waiting", "render_waiting"),
     "webhooks": ("bench.webhooks", "bench_webhooks", "render_webhooks"),
+    "tasks": ("bench.celery_tasks", "bench_tasks", "render_tasks"),
 }
 
 

@@ -28,6 +28,8 @@ DEBUG = False
 
 # Figure 2d: the same handler in an ordered consumer.
 INBOX_CONSUMERS = {**INBOX_CONSUMERS, "bench-ordered": {"ordered": True}}  # noqa: F405
+# Figure 11: the benchmark's @inbox_task (bench/tasks.py).
+INBOX_CONSUMERS["bench-tasks"] = {}
 
 _conn_max_age = os.environ.get("BENCH_CONN_MAX_AGE")
 if _conn_max_age is not None:

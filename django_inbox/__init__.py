@@ -22,7 +22,7 @@ from .intake.asynchronous import adeliver, astore
 from .outcomes import Outcome
 from .registry import inbox_handler
 from .side_effect_threads import CarryRunExecutor, carry_run
-from .side_effects import side_effect
+from .side_effects import current_message, side_effect
 
 if TYPE_CHECKING:
     from .intake.delivery import deliver
@@ -48,6 +48,7 @@ __all__ = [
     "adeliver",
     "astore",
     "carry_run",
+    "current_message",
     "deliver",
     "inbox_handler",
     "side_effect",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +20,16 @@ MAX_JSON_DEPTH = 256
 
 def _setting(name: str) -> Any:
     return getattr(settings, name, DEFAULTS[name])
+
+
+@register(Tags.compatibility, deploy=True)
+def check_inbox_tasks(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W008, W009, W010: the Celery settings ``@inbox_task`` needs (``check --deploy`` only)."""
+    if find_spec("celery") is None:
+        return []
+    from .contrib.celery.checks import check_tasks
+
+    return check_tasks()
 
 
 @register(Tags.compatibility)

@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_MAX_PAYLOAD_BYTES": 1024 * 1024,
     "INBOX_MAX_JSON_DEPTH": 64,
     "INBOX_HANDLERS_MODULE": "inbox_handlers",
+    # Where @inbox_task functions live: imported when Celery is installed, so that workers
+    # without Celery (inbox_process) find the handlers of task rows.
+    "INBOX_TASK_MODULES": ("tasks",),
     "INBOX_DATABASE": "default",
     "INBOX_UNHANDLED": "dead",
     "INBOX_BATCH_SIZE": 100,
@@ -183,6 +186,11 @@ class InboxSettings:
     @property
     def handlers_module(self) -> str:
         return str(self._get("INBOX_HANDLERS_MODULE"))
+
+    @property
+    def task_modules(self) -> tuple[str, ...]:
+        value = self._get("INBOX_TASK_MODULES")
+        return (value,) if isinstance(value, str) else tuple(value or ())
 
     @property
     def database(self) -> str:

@@ -41,6 +41,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, str], Handler] = {}
+        self._task_modules_loaded = False
         #: ``(module path, formatted traceback)`` for handler modules that failed to import.
         self.import_errors: list[tuple[str, str]] = []
 
@@ -59,20 +60,52 @@ class Registry:
         self._handlers.pop((consumer, event_type), None)
 
     def get(self, consumer: str, event_type: str) -> Handler | None:
-        return self._handlers.get((consumer, event_type))
+        found = self._handlers.get((consumer, event_type))
+        if found is None and self.load_task_modules():
+            found = self._handlers.get((consumer, event_type))
+        return found
 
     def consumers(self) -> list[str]:
+        self.load_task_modules()
         return sorted({consumer for consumer, _ in self._handlers})
 
     def knows(self, consumer: str) -> bool:
         """Whether ``consumer`` has at least one handler."""
-        return any(c == consumer for c, _ in self._handlers)
+        if any(c == consumer for c, _ in self._handlers):
+            return True
+        return self.load_task_modules() and any(c == consumer for c, _ in self._handlers)
+
+    def load_task_modules(self) -> bool:
+        """Import the modules of ``@inbox_task`` functions (``INBOX_TASK_MODULES`` of every
+        installed app), once, where Celery is installed; whether this call imported them.
+
+        Their handlers are needed where task rows are processed outside a Celery worker
+        (``inbox_process``, a replay): so they are loaded when a handler is missing or the
+        consumers are listed, never when Django starts, which every command and web process
+        would pay for with Celery's import."""
+        if self._task_modules_loaded:
+            return False
+        self._task_modules_loaded = True
+        if find_spec("celery") is None:
+            return False
+        from django.apps import apps
+
+        if not apps.ready:
+            self._task_modules_loaded = False
+            return False
+        from .conf import inbox_settings
+
+        for module_name in inbox_settings.task_modules:
+            self.autodiscover(module_name)
+        return True
 
     def event_types(self, consumer: str) -> list[str]:
+        self.load_task_modules()
         return sorted(event for c, event in self._handlers if c == consumer)
 
     def consumers_for(self, event_type: str) -> list[str]:
         """Every consumer with a handler for ``event_type`` (for fan-out)."""
+        self.load_task_modules()
         return sorted(c for c, event in self._handlers if event == event_type)
 
     def __iter__(self):  # type: ignore[no-untyped-def]

@@ -96,6 +96,13 @@ INBOX_CONSUMERS = {
         "backoff_base": 0.01,
         "backoff_max": 0.05,
     },
+    # @inbox_task tasks (testproject/effects/tasks.py).
+    "tasks": {
+        "max_attempts": env.int("TASKS_MAX_ATTEMPTS", default=3),
+        "backoff_base": 0.01,
+        "backoff_max": 0.05,
+        "lease": env.float("TASKS_LEASE", default=2.0),
+    },
     "effects": {
         # A chaos test that kills workers N times raises it above N: a row killed in every
         # attempt would end dead, and the test would count it lost.
@@ -141,4 +148,9 @@ LOGGING = {
 # would cost each of them (inbox_consume, inbox_process) 7 MiB and its import time.
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/5")
 CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=CELERY_BROKER_URL)
+# On Redis, a killed worker's unacknowledged tasks come back after the visibility timeout
+# (an hour by default); the inbox task tests shorten it.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.float("CELERY_VISIBILITY_TIMEOUT", default=3600.0)
+}
 CELERY_TASK_DEFAULT_QUEUE = env("CELERY_TASK_DEFAULT_QUEUE", default="inbox")
