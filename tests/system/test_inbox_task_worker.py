@@ -246,3 +246,39 @@ def test_a_group_of_inbox_tasks_runs_each_member_once(
     second = group(members).apply_async()
     assert second.get(timeout=60) == [None] * 10
     assert effect_counts("tasks") == {f"g-{n}": 1 for n in range(10)}
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
+def test_the_admin_shows_a_dead_task_and_its_replay_runs_in_the_celery_worker(
+    tasks_app: Any, workers: CeleryProcesses
+) -> None:
+    """A rejected task is dead; the admin lists it under its consumer and event type, an
+    operator replays it through the confirmation page, and the Celery worker's ``process_due``
+    (beat) runs it, once."""
+    from tests.unit.test_admin import CHANGELIST, as_post, form_with, html, login, make_user
+
+    write_effect.apply_async(
+        ("refund-7",), {"options": {"reject": "card expired"}},
+        headers={"idempotency_key": "refund-7"}, queue=workers.queue,
+    )  # fmt: skip
+    workers.env.update(INBOX_BEAT_PROCESS_EVERY="0.5", INBOX_BEAT_RECLAIM_EVERY="1.0")
+    workers.worker(concurrency=1)
+    wait_until(lambda: InboxMessage.objects.filter(status=Status.DEAD).exists(), workers)
+    row = InboxMessage.objects.get()
+    assert "card expired" in row.last_error
+
+    client = login(make_user("superuser"))
+    listed = html(client.get(CHANGELIST, {"consumer": "tasks"}))
+    assert "refund-7" in listed and "effects.tasks.write_effect" in listed
+    # The operator fixed the cause (here: the argument that made it reject).
+    InboxMessage.objects.filter(pk=row.pk).update(payload={"args": ["refund-7"], "kwargs": {}})
+    first = client.post(
+        CHANGELIST, {"action": "replay_messages", "_selected_action": [row.pk], "index": 0}
+    )
+    form = form_with(html(first), "confirm", "yes")
+    done = client.post(CHANGELIST, as_post(form, reason="card updated, OPS-7"))
+    assert done.status_code == 302
+
+    workers.beat("beat")
+    wait_until(lambda: InboxMessage.objects.get(pk=row.pk).status == Status.COMPLETED, workers)
+    assert effect_counts("tasks") == {"refund-7": 1}

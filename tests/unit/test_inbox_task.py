@@ -201,3 +201,20 @@ def test_check_deploy_names_the_settings_that_lose_tasks() -> None:
         for name in ("tests.early_ack", "tests.lost_on_death"):
             current_app.tasks.pop(name, None)
             registry.unregister("tasks", name)
+
+
+def test_a_forced_rerun_of_a_task_row_runs_the_function_again_as_a_rerun() -> None:
+    """Task rows are ordinary rows: an operator's forced re-run of a completed one runs the
+    function again, marked a re-run (its ``@side_effect`` calls follow the consumer's
+    ``side_effects_on_rerun``, as for any message)."""
+    from django_inbox import current_message
+
+    assert run(write_effect, "again", key="again") == {"key": "again", "attempt": 1}
+    row = InboxMessage.objects.get()
+    done = services.replay(services.select(pks=[row.pk]), force=True, actor="operator (test)")
+    assert sum(done.changed.values()) == 1
+    services.process_due(["tasks"], max_messages=10)
+    row.refresh_from_db()
+    assert (row.status, row.is_rerun) == (Status.COMPLETED, True)
+    assert effect_counts("tasks") == {"again": 2}, "a re-run repeats the task, by request"
+    assert current_message() is None, "outside a handler there is no message"
