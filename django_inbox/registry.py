@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class Registry:
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, str], Handler] = {}
         self._task_modules_loaded = False
+        self._task_modules_lock = threading.Lock()
         #: ``(module path, formatted traceback)`` for handler modules that failed to import.
         self.import_errors: list[tuple[str, str]] = []
 
@@ -61,23 +63,31 @@ class Registry:
 
     def get(self, consumer: str, event_type: str) -> Handler | None:
         found = self._handlers.get((consumer, event_type))
-        if found is None and self.load_task_modules():
+        if found is None:
+            # Missing: perhaps an @inbox_task whose module is not imported yet (or was being
+            # imported by another thread when the line above looked).
+            self.load_task_modules()
             found = self._handlers.get((consumer, event_type))
         return found
 
-    def consumers(self) -> list[str]:
-        self.load_task_modules()
+    def consumers(self, *, load: bool = True) -> list[str]:
+        """The consumers with handlers; ``load=False`` leaves the task modules unimported
+        (system checks and pages, which every process runs)."""
+        if load:
+            self.load_task_modules()
         return sorted({consumer for consumer, _ in self._handlers})
 
     def knows(self, consumer: str) -> bool:
         """Whether ``consumer`` has at least one handler."""
         if any(c == consumer for c, _ in self._handlers):
             return True
-        return self.load_task_modules() and any(c == consumer for c, _ in self._handlers)
+        self.load_task_modules()
+        return any(c == consumer for c, _ in self._handlers)
 
     def load_task_modules(self) -> bool:
         """Import the modules of ``@inbox_task`` functions (``INBOX_TASK_MODULES`` of every
-        installed app), once, where Celery is installed; whether this call imported them.
+        installed app), once, where Celery is installed; ``True`` if they are loaded now
+        and were not when the call began (it imported them, or waited for a thread that did).
 
         Their handlers are needed where task rows are processed outside a Celery worker
         (``inbox_process``, a replay): so they are loaded when a handler is missing or the
@@ -85,18 +95,19 @@ class Registry:
         would pay for with Celery's import."""
         if self._task_modules_loaded:
             return False
-        self._task_modules_loaded = True
-        if find_spec("celery") is None:
-            return False
         from django.apps import apps
 
         if not apps.ready:
-            self._task_modules_loaded = False
             return False
-        from .conf import inbox_settings
+        with self._task_modules_lock:  # another thread waits here until they are imported
+            if self._task_modules_loaded:
+                return True
+            if find_spec("celery") is not None:
+                from .conf import inbox_settings
 
-        for module_name in inbox_settings.task_modules:
-            self.autodiscover(module_name)
+                for module_name in inbox_settings.task_modules:
+                    self.autodiscover(module_name)
+            self._task_modules_loaded = True
         return True
 
     def event_types(self, consumer: str) -> list[str]:

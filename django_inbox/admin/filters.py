@@ -56,7 +56,7 @@ class EventTypeFilter(ExactFilter):
     def offered(self, request: HttpRequest, model_admin: Any) -> set[str]:
         consumer = request.GET.get(ConsumerFilter.parameter_name)
         names: set[str] = set()
-        for name in registry.consumers() if not consumer else [consumer]:
+        for name in registry.consumers(load=False) if not consumer else [consumer]:
             names.update(registry.event_types(name))
         # Event types of the newest dead and parked rows too, handled or not: the newest
         # RECENT_ATTENTION by id (the attention rows' id index, read backwards). A DISTINCT

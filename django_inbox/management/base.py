@@ -178,10 +178,12 @@ def require_known_consumers(names: Iterable[str | None], *, with_handlers: bool 
     """
     given = [name for name in dict.fromkeys(names) if name is not None]
     if with_handlers:
-        known = registry.consumers()
+        known = registry.consumers(load=False)
+        if any(name not in known for name in given):
+            known = registry.consumers()  # an @inbox_task consumer: its module, then
         why = "no handler registered"
     else:
-        cheap = set(registry.consumers()) | set(inbox_settings.consumers)
+        cheap = set(registry.consumers(load=False)) | set(inbox_settings.consumers)
         if all(name in cheap for name in given):
             return  # no query needed
         from ..services import known_consumers

@@ -16,6 +16,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 
 app = Celery("testproject")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()  # every installed app's tasks.py (the @inbox_task ones too)
 app.autodiscover_tasks(["django_inbox.contrib.celery"])
 app.conf.beat_schedule = beat_schedule(
     process_every=float(os.environ.get("INBOX_BEAT_PROCESS_EVERY", 10.0)),

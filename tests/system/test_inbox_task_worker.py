@@ -246,6 +246,14 @@ def test_a_group_of_inbox_tasks_runs_each_member_once(
     second = group(members).apply_async()
     assert second.get(timeout=60) == [None] * 10
     assert effect_counts("tasks") == {f"g-{n}": 1 for n in range(10)}
+    # One key given to the whole group: each member keeps its own message (key#index).
+    batch = [write_effect.s(f"b-{n}").set(queue=workers.queue) for n in range(3)]
+    group(batch).apply_async(headers={"idempotency_key": "batch-7"}).get(timeout=60)
+    group(batch).apply_async(headers={"idempotency_key": "batch-7"}).get(timeout=60)
+    rows = InboxMessage.objects.filter(message_id__startswith="batch-7")
+    assert sorted(rows.values_list("message_id", flat=True)) == [f"batch-7#{n}" for n in range(3)]
+    assert {f"b-{n}" for n in range(3)} <= set(effect_counts("tasks"))
+    assert all(effect_counts("tasks")[f"b-{n}"] == 1 for n in range(3))
 
 
 @pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)

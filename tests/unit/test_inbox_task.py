@@ -188,6 +188,8 @@ def test_check_deploy_names_the_settings_that_lose_tasks() -> None:
         assert ("django_inbox.W008", "tests.early_ack") in found
         assert ("django_inbox.W009", "tests.lost_on_death") in found
         assert not any(name == "effects.tasks.write_effect" for _, name in found)
+        # Defined here, in a test module: inbox_process would not import it.
+        assert ("django_inbox.W011", "tests.early_ack") in found
         saved = current_app.conf.broker_url
         current_app.conf.broker_url = "redis://127.0.0.1:6379/5"
         try:
@@ -218,3 +220,31 @@ def test_a_forced_rerun_of_a_task_row_runs_the_function_again_as_a_rerun() -> No
     assert (row.status, row.is_rerun) == (Status.COMPLETED, True)
     assert effect_counts("tasks") == {"again": 2}, "a re-run repeats the task, by request"
     assert current_message() is None, "outside a handler there is no message"
+
+
+def test_a_redelivered_task_is_ignored_so_its_first_result_and_callbacks_stand() -> None:
+    """In a worker (not eager), the same task id again returns nothing: Celery's ``Ignore``
+    stores no result over the first run's and sends no callback twice."""
+    from celery.exceptions import Ignore
+
+    def deliver_as_worker(task_id: str) -> Any:
+        write_effect.push_request(id=task_id, is_eager=False, headers=None, delivery_info={})
+        try:
+            return write_effect("redelivered")
+        finally:
+            write_effect.pop_request()
+
+    assert deliver_as_worker("task-r") == {"key": "redelivered", "attempt": 1}
+    with pytest.raises(Ignore):
+        deliver_as_worker("task-r")
+    assert effect_counts("tasks") == {"redelivered": 1}
+
+
+def test_a_key_with_a_callback_is_refused_when_sent() -> None:
+    """A second send with the key returns None, which a ``link=`` callback or the next step
+    of a chain would get."""
+    with pytest.raises(TypeError, match="callback"):
+        write_effect.apply_async(
+            ("k",), headers={"idempotency_key": "k"}, link=write_effect.s("next")
+        )
+    assert not InboxMessage.objects.exists()

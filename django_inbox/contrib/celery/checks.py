@@ -44,9 +44,35 @@ def problems(task: Any) -> list[tuple[str, str, str]]:
     return found
 
 
+def module_problems(task: Any) -> list[tuple[str, str, str]]:
+    """W011: a task whose module ``inbox_process`` would not import."""
+    from django.apps import apps
+
+    from ...conf import inbox_settings
+
+    module = getattr(task.run, "__module__", "")
+    found = {
+        f"{config.name}.{name}"
+        for config in apps.get_app_configs()
+        for name in inbox_settings.task_modules
+    }
+    if module in found:
+        return []
+    return [
+        (
+            "django_inbox.W011",
+            f"The inbox task {task.name} lives in {module}, which INBOX_TASK_MODULES does not "
+            "name: inbox_process and the process_due task in another process would not find "
+            "its function, and its failed rows would go dead.",
+            "Move it to an installed app's tasks module, add the module's name to "
+            "INBOX_TASK_MODULES, or import the module from the app's inbox_handlers module.",
+        )
+    ]
+
+
 def broker_problems(app: Any) -> list[tuple[str, str, str]]:
-    url = str(app.conf.broker_url or "")
-    if not url.startswith(("redis", "rediss", "sqs")):
+    url = str(app.conf.broker_url or "").split(";")[0]
+    if not url.startswith(("redis", "rediss", "sentinel", "sqs")):
         return []
     options = app.conf.broker_transport_options or {}
     timeout = float(options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT))
@@ -71,7 +97,7 @@ def check_tasks() -> list[CheckMessage]:
 
     registry.load_task_modules()
     tasks = [task for name, task in sorted(current_app.tasks.items()) if is_inbox_task(task)]
-    found = [item for task in tasks for item in problems(task)]
+    found = [item for task in tasks for item in problems(task) + module_problems(task)]
     if tasks:
         found += broker_problems(current_app)
     return [Warning(message, hint=hint, id=code) for code, message, hint in found]

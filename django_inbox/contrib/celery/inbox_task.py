@@ -35,6 +35,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from celery import Task, shared_task
+from celery.exceptions import Ignore
 
 from ...outcomes import Outcome
 
@@ -53,7 +54,8 @@ REFUSED_OPTIONS = {
     "base": "@inbox_task makes its own Task class",
 }
 
-#: What the running handler returned, for the task to return it.
+#: ``[(consumer, message id), value]`` of the message a task delivers: what its handler
+#: returned, for the task to return it.
 _returned: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
     "inbox_task_returned", default=None
 )
@@ -70,11 +72,24 @@ class InboxTask(Task):  # type: ignore[misc]
 
     def apply_async(self, args: Any = None, kwargs: Any = None, *more: Any, **options: Any) -> Any:
         check_arguments(self.name, args, kwargs)
-        key = (options.get("headers") or {}).get(IDEMPOTENCY_HEADER)
+        headers = options.get("headers") or {}
+        key = headers.get(IDEMPOTENCY_HEADER)
         if key is not None:
             from ...intake.validation import clean_message_id
 
-            clean_message_id(key)
+            key = clean_message_id(key)
+            if options.get("group_id") is not None and options.get("group_index") is not None:
+                # group(...).apply_async(headers=...) gives every member the group's headers:
+                # each member is its own message, so its place in the group joins the key.
+                key = f"{key}#{options['group_index']}"
+                options["headers"] = {**headers, IDEMPOTENCY_HEADER: key}
+                clean_message_id(key)
+            if options.get("link") or options.get("chain"):
+                raise TypeError(
+                    f"{self.name} is an @inbox_task sent with an idempotency_key and a "
+                    "callback (link= or a chain): a second send with the key returns None, "
+                    "which the callback would get. Send the next task from the function."
+                )
         if options.get("chord") is not None:
             raise TypeError(
                 f"{self.name} is an @inbox_task: it cannot be in a chord's header. A duplicate "
@@ -136,7 +151,8 @@ def inbox_task(
             payload = message.payload if isinstance(message.payload, dict) else {}
             value = func(*payload.get("args", ()), **payload.get("kwargs", {}))
             box = _returned.get()
-            if box is not None:
+            # Only the run this task delivered: not one its function delivers in turn.
+            if box is not None and box[0] == (message.consumer, message.message_id):
                 box.append(value)
             return value
 
@@ -177,12 +193,12 @@ def _run(task: Task, consumer: str, event_type: str, args: Any, kwargs: Any) -> 
 
     warn_once(task)
     request = task.request
-    given = getattr(request, IDEMPOTENCY_HEADER, None) or (request.headers or {}).get(
-        IDEMPOTENCY_HEADER
-    )
-    message_id = str(given) if given else str(request.id)
+    given = getattr(request, IDEMPOTENCY_HEADER, None)
+    if given is None:
+        given = (request.headers or {}).get(IDEMPOTENCY_HEADER)
+    message_id = str(given) if given is not None else str(request.id)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    box: list[Any] = []
+    box: list[Any] = [(consumer, message_id)]
     token = _returned.set(box)
     try:
         outcome = deliver(
@@ -197,8 +213,9 @@ def _run(task: Task, consumer: str, event_type: str, args: Any, kwargs: Any) -> 
     finally:
         _returned.reset(token)
     if outcome == Outcome.PROCESSED:
-        return box[0] if box else None
+        return box[1] if len(box) > 1 else None
     level = logging.INFO if outcome in (Outcome.DUPLICATE, Outcome.IN_PROGRESS) else logging.WARNING
+    same_task = message_id == str(request.id)
     logger.log(
         level,
         "inbox task %s (message id %s, task id %s): %s; the function's value is not returned",
@@ -207,6 +224,11 @@ def _run(task: Task, consumer: str, event_type: str, args: Any, kwargs: Any) -> 
         request.id,
         _SAID.get(outcome, outcome.value),
     )
+    if same_task and outcome in (Outcome.DUPLICATE, Outcome.IN_PROGRESS) and not request.is_eager:
+        # This very task again (a redelivery, or a copy of one still running): its first run
+        # stored the result and sent the callbacks, or will. Ignore: store nothing, send
+        # nothing, so the result stays the first run's and no callback runs twice.
+        raise Ignore()
     return None
 
 
