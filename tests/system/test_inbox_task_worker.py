@@ -29,6 +29,7 @@ from tests.effects import effect_counts
 from tests.system.test_celery import (  # noqa: F401 (fixtures)
     REDIS_URL,
     CeleryProcesses,
+    _forget_connections,
     celery_redis,
     wait_until,
 )
@@ -54,17 +55,10 @@ def tasks_app(broker: str) -> Iterator[Any]:
 
     saved = {key: app.conf[key] for key in ("broker_url", "result_backend")}
     app.conf.update(broker_url=broker, result_backend=REDIS_URL)
-    _forget(app)
+    _forget_connections(app)
     yield app
     app.conf.update(saved)
-    _forget(app)
-
-
-def _forget(app: Any) -> None:
-    app._pool = None
-    app._backend_cache = None
-    vars(app._local).pop("backend", None)
-    app.amqp._producer_pool = None
+    _forget_connections(app)
 
 
 @pytest.fixture
