@@ -19,8 +19,7 @@ import uuid
 from typing import Any
 
 from bench.config import DATABASE_URL, ROOT, _env_int, bench_sql, log
-from bench.timing import machine_busy, payload
-from bench.webhooks import server_cpu
+from bench.timing import machine_busy, payload, server_cpu
 
 N = _env_int("BENCH_TASKS_N", 2000)
 RUNS = _env_int("BENCH_TASKS_RUNS", 5)

@@ -46,6 +46,21 @@ def proc_cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def children(pid: int) -> list[int]:
+    """The pids of process ``pid``'s children (a server's workers)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(child) for child in fh.read().split()]
+    except OSError:
+        return []
+
+
+def server_cpu(pid: int) -> float:
+    """CPU seconds of a server: its process and its workers (gunicorn's and Celery's prefork
+    workers are children)."""
+    return proc_cpu(pid) + sum(proc_cpu(child) for child in children(pid))
+
+
 def machine_busy() -> float:
     """CPU seconds all processes on this machine have used so far (from /proc/stat)."""
     with open("/proc/stat") as fh:

@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 from bench.config import DATABASE_URL, ROOT, _env_int, bench_sql, log
-from bench.timing import machine_busy, payload, proc_cpu
+from bench.timing import children, machine_busy, payload, server_cpu
 
 REQUESTS = _env_int("BENCH_WEBHOOK_N", 2000)
 CONNECTIONS = _env_int("BENCH_WEBHOOK_CONNECTIONS", 8)
@@ -140,19 +140,6 @@ def _in_process_deliver(count: int) -> float:
     return count / (time.perf_counter() - began)
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(child) for child in fh.read().split()]
-    except OSError:
-        return []
-
-
-def server_cpu(pid: int) -> float:
-    """CPU seconds of a server: its process and its workers (gunicorn's are children)."""
-    return proc_cpu(pid) + sum(proc_cpu(child) for child in _children(pid))
-
-
 #: The servers, each with the variants it serves: uvicorn (ASGI, one process) and gunicorn
 #: (WSGI, 2 processes of 4 threads, the ``gthread`` workers that keep connections alive).
 SERVERS = {
@@ -237,7 +224,7 @@ def bench_webhooks() -> dict[str, Any]:
                 )
         finally:
             server.kill()
-            for child in _children(server.pid):
+            for child in children(server.pid):
                 os.kill(child, 9)
             server.wait()
         medians = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib.util import find_spec
 from typing import Any
 
 from django.conf import settings
@@ -13,6 +12,7 @@ from .conf import DEFAULTS, POLICY_KEYS, SIDE_EFFECTS_CHOICES, UNHANDLED_CHOICES
 from .db.checks import check_database  # noqa: F401  (registers the database checks)
 from .durations import to_seconds
 from .registry import registry
+from .task_checks import check_inbox_tasks  # noqa: F401  (registers the Celery task checks)
 
 #: The deepest INBOX_MAX_JSON_DEPTH allowed: a value this deep decodes from any call stack.
 MAX_JSON_DEPTH = 256
@@ -20,16 +20,6 @@ MAX_JSON_DEPTH = 256
 
 def _setting(name: str) -> Any:
     return getattr(settings, name, DEFAULTS[name])
-
-
-@register(Tags.compatibility, deploy=True)
-def check_inbox_tasks(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """W008, W009, W010: the Celery settings ``@inbox_task`` needs (``check --deploy`` only)."""
-    if find_spec("celery") is None:
-        return []
-    from .contrib.celery.checks import check_tasks
-
-    return check_tasks()
 
 
 @register(Tags.compatibility)
