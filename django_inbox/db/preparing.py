@@ -5,8 +5,12 @@ parameters on the client unless ``OPTIONS`` say otherwise: every statement is th
 planned again, and its parameters are quoted into the text by Python. The inbox's hot
 statements (the insert that deduplicates, the claim, the fenced completion, a duplicate's
 status) run thousands of times a second with the same text, so :func:`cursor` gives them a
-server-binding cursor that prepares a statement the second time this process sends it. The
-user's own queries are left as their ``DATABASES`` settings say.
+server-binding cursor that prepares a statement the second time it is sent on the same
+connection. Counted per connection, not per process: where connections are short-lived
+(Celery closes Django's connections around every task; ``CONN_MAX_AGE = 0`` closes them after
+every request) a statement sent once per connection is never prepared, since preparing costs
+a round trip of its own that only a second use repays. The user's own queries are left as
+their ``DATABASES`` settings say.
 
 It stays off where it cannot be correct, and turns itself off where it turns out not to be:
 
@@ -44,7 +48,7 @@ from ..conf import inbox_settings
 
 logger = logging.getLogger("django_inbox")
 
-#: A statement text is prepared the time it is sent this often by this process.
+#: A statement text is prepared the time it is sent this often on one connection.
 PREPARE_AFTER = 2
 #: SQLSTATEs saying prepared statements do not work here: the name is unknown to this server
 #: connection (26000), or taken by another statement (42P05).
@@ -62,10 +66,15 @@ class _State:
 
     def __init__(self) -> None:
         self.stopped = False
+        #: Statement texts this process sent through a preparing cursor, and how often (on
+        #: every connection together).
         self.seen: dict[str, int] = {}
-        #: Connections seen, with the Django time zone they were last used with and whether
-        #: their own ``timestamptz`` loader reads another one.
-        self.adopted: weakref.WeakKeyDictionary[Any, tuple[Any, bool]] = weakref.WeakKeyDictionary()
+        #: Connections seen, with the Django time zone they were last used with, whether
+        #: their own ``timestamptz`` loader reads another one, and the statement texts sent
+        #: on them with how often.
+        self.adopted: weakref.WeakKeyDictionary[Any, tuple[Any, bool, dict[str, int]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def reset(self) -> None:
         self.stopped = False
@@ -82,7 +91,11 @@ try:  # psycopg 3 is optional: without it (psycopg 2, SQLite, MySQL) nothing is 
 
     class PreparingCursor(psycopg.Cursor[Any]):
         """A server-binding cursor that prepares a statement from its :data:`PREPARE_AFTER`
-        th use in this process, and stops preparing when the server says it cannot."""
+        th use on its connection, and stops preparing when the server says it cannot."""
+
+        #: Statement texts sent on this cursor's connection, and how often (set by
+        #: :func:`cursor`).
+        sent: dict[str, int]
 
         def execute(
             self,
@@ -94,10 +107,13 @@ try:  # psycopg 3 is optional: without it (psycopg 2, SQLite, MySQL) nothing is 
         ) -> PreparingCursor:
             if state.stopped:
                 return super().execute(query, params, prepare=False, binary=binary)
-            seen = state.seen
+            seen, sent = state.seen, self.sent
             if len(seen) >= _MAX_SEEN and query not in seen:
                 seen.clear()
-            seen[query] = count = seen.get(query, 0) + 1
+            if len(sent) >= _MAX_SEEN and query not in sent:
+                sent.clear()
+            seen[query] = seen.get(query, 0) + 1
+            sent[query] = count = sent.get(query, 0) + 1
             try:
                 return super().execute(query, params, prepare=count >= PREPARE_AFTER, binary=binary)
             except psycopg.Error as exc:
@@ -194,9 +210,11 @@ def cursor(using: str) -> Any:
     if seen is None:
         _adopt(connection, raw)
     if seen is None or seen[0] is not zone:
-        seen = state.adopted[raw] = (zone, _other_time_zone(raw, zone))
+        sent: dict[str, int] = {} if seen is None else seen[2]
+        seen = state.adopted[raw] = (zone, _other_time_zone(raw, zone), sent)
     with connection.wrap_database_errors:
         created = PreparingCursor(raw)
+        created.sent = seen[2]
         if seen[1]:
             _register_time_zone(zone, created)
         return connection._prepare_cursor(created)

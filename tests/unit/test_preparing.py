@@ -52,6 +52,20 @@ def test_the_hot_statements_are_prepared_from_their_second_use() -> None:
     assert effect_counts() == {"a": 1, "b": 1, "c": 1}
 
 
+def test_uses_are_counted_per_connection_so_short_lived_connections_prepare_nothing() -> None:
+    """Celery closes Django's connections around every task, CONN_MAX_AGE = 0 after every
+    request: a statement sent once per connection would pay a PREPARE round trip each time."""
+    for message_id in ("a", "b", "c"):
+        connection.close()  # as Celery's Django fixup does before each task
+        assert send(message_id) == Outcome.PROCESSED
+        assert prepared() == [], "sent once on this connection: not prepared"
+
+    send("d")  # the second time on this connection
+    texts = [sql for _, sql in prepared()]
+    assert any(sql.startswith("WITH inserted AS (INSERT") for sql in texts), texts
+    assert effect_counts() == {"a": 1, "b": 1, "c": 1, "d": 1}
+
+
 @override_settings(INBOX_PREPARED_STATEMENTS=False)
 def test_the_setting_turns_it_off() -> None:
     for message_id in ("a", "b", "c", "a"):
