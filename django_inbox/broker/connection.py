@@ -12,10 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from amqp.exceptions import AccessRefused, NotAllowed, NotFound, PreconditionFailed
 from django.utils.module_loading import import_string
-from kombu.connection import Connection
-from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from ..conf import inbox_settings
@@ -28,14 +25,11 @@ from .acking import Acker, ConsumeStats
 from .envelope import Envelope
 from .faults import TransportFaults
 from .intake import AckMode, Intake
+from .transports import Received, Subscription, Transport, transport_class
 
 __all__ = ["AckMode", "BrokerConsumer", "BrokerMisconfigured", "BrokerUnreachable", "ConsumeStats"]
 
 logger = logging.getLogger("django_inbox")
-
-
-#: The broker refused what we asked for: retrying cannot help, the configuration must change.
-REFUSALS = (AccessRefused, NotAllowed, NotFound, PreconditionFailed)
 
 
 class BrokerMisconfigured(Exception):
@@ -51,8 +45,9 @@ class BrokerConsumer:
 
     Args:
         consumer: the inbox consumer the messages are for (its handlers run them).
-        queue: the broker queue to read.
-        broker_url: a kombu URL (``amqp://``, ``redis://``, ``sqs://``, ``filesystem://``).
+        queue: the broker queue to read (a NATS subject, a Redis stream).
+        broker_url: a kombu URL (``amqp://``, ``redis://``, ``sqs://``, ``filesystem://``),
+            ``nats://`` (JetStream) or ``redis+streams://`` (:mod:`.transports`).
         transport_options: kombu transport options (e.g. Redis/SQS visibility timeout).
         exchange, exchange_type, routing_key: bind the queue to this exchange when declaring.
         declare: declare the queue (and exchange and binding); off for pre-provisioned brokers.
@@ -149,18 +144,18 @@ class BrokerConsumer:
         self._idle_out = False
         started = time.monotonic()
         while not self._stopping() and not self._idle_out:
-            connection = Connection(self.broker_url, transport_options=self.transport_options)
+            transport = self.transport()
+            lost: tuple[type[BaseException], ...] = (
+                BrokerUnavailable,
+                *transport.connection_errors,
+            )
             try:
-                self._consume(connection, backoff)
-            except REFUSALS as exc:
+                self._consume(transport, backoff)
+            except transport.refusals as exc:
                 raise BrokerMisconfigured(
                     f"the broker refused queue {self.queue_name!r}: {type(exc).__name__}: {exc}"
                 ) from exc
-            except (
-                BrokerUnavailable,
-                *connection.connection_errors,
-                *connection.channel_errors,
-            ) as exc:
+            except lost as exc:
                 # Unacknowledged messages go back to the broker with the channel; nothing of
                 # an open batch was committed, so it is simply dropped and redelivered.
                 self.acker.pending = []
@@ -171,7 +166,7 @@ class BrokerConsumer:
                     and waited >= self.wait_for_broker
                 ):
                     raise BrokerUnreachable(
-                        f"could not reach the broker at {connection.as_uri()} within "
+                        f"could not reach the broker at {transport.masked_url()} within "
                         f"{waited:.0f}s ({type(exc).__name__}: {exc}); check the URL, or "
                         "wait longer with --wait-for-broker"
                     ) from None
@@ -188,56 +183,56 @@ class BrokerConsumer:
                 )
                 self.shutdown.wait(delay)
             finally:
-                _release(connection)
+                transport.close()
         return self.stats
 
-    def _consume(self, connection: Connection, backoff: Backoff) -> None:
-        connection.ensure_connection(max_retries=1)
-        queue = self._queue()
-        with connection.Consumer(
-            [queue],
-            on_message=self._on_message,
-            on_decode_error=self._on_decode_error,
-            prefetch_count=self.prefetch,
-            auto_declare=self.declare,
-        ):
-            if self._reached:
-                logger.warning("inbox_consume %s: reconnected to the broker", self.consumer)
-            self._reached = True
-            # Idle time counts only while connected: an unreachable broker is not "idle".
-            self._last_message = time.monotonic()
-            broken = (*connection.connection_errors, *connection.channel_errors)
-            self.acker.broken = broken
-            while not self._finished():
-                try:
-                    # While a batch is open, take only what is already here, then commit it.
-                    connection.drain_events(timeout=0 if self.acker.pending else self.tick)
-                except TimeoutError:
-                    if self.acker.pending:
-                        self.acker.flush()
-                    else:
-                        connection.heartbeat_check()
-                except Exception as exc:
-                    if isinstance(exc, (*broken, DatabaseMisconfigured)):
-                        raise
-                    self.faults.met(exc)
-                    continue
-                # A connection that reads, not one that was merely opened, ends the backoff:
-                # one that fails on every entry keeps backing off.
-                backoff.reset()
-                self._between_messages()
-            self.acker.flush()
+    def transport(self) -> Transport:
+        """A new transport for :attr:`broker_url` (one per connection)."""
+        subscription = Subscription(
+            consumer=self.consumer,
+            queue=self.queue_name,
+            prefetch=self.prefetch,
+            declare=self.declare,
+            lease=inbox_settings.policy(self.consumer).lease,
+            options={
+                "exchange": self.exchange,
+                "exchange_type": self.exchange_type,
+                "routing_key": self.routing_key,
+                "transport_options": self.transport_options,
+            },
+        )
+        return transport_class(self.broker_url)(self.broker_url, subscription)
 
-    def _queue(self) -> Queue:
-        if self.exchange:
-            exchange = Exchange(self.exchange, type=self.exchange_type, durable=True)
-            return Queue(
-                self.queue_name,
-                exchange,
-                routing_key=self.routing_key or self.queue_name,
-                durable=True,
-            )
-        return Queue(self.queue_name, routing_key=self.queue_name, durable=True)
+    def _consume(self, transport: Transport, backoff: Backoff) -> None:
+        transport.open()
+        if self._reached:
+            logger.warning("inbox_consume %s: reconnected to the broker", self.consumer)
+        self._reached = True
+        # Idle time counts only while connected: an unreachable broker is not "idle".
+        self._last_message = time.monotonic()
+        broken = transport.connection_errors
+        self.acker.broken = broken
+        while not self._finished():
+            try:
+                # While a batch is open, take only what is already here, then commit it.
+                received = transport.receive(timeout=0 if self.acker.pending else self.tick)
+            except Exception as exc:
+                if isinstance(exc, (*broken, BrokerUnavailable, DatabaseMisconfigured)):
+                    raise
+                self.faults.met(exc)
+                continue
+            if not received:
+                if self.acker.pending:
+                    self.acker.flush()
+                else:
+                    transport.idle()
+            for delivery in received:
+                self._on_message(delivery)
+            # A connection that reads, not one that was merely opened, ends the backoff:
+            # one that fails on every entry keeps backing off.
+            backoff.reset()
+            self._between_messages()
+        self.acker.flush()
 
     def _stopping(self) -> bool:
         """No new message may start: a stop was asked for, or ``max_messages`` are taken."""
@@ -277,23 +272,12 @@ class BrokerConsumer:
         if handled:
             self._last_message = time.monotonic()  # retries are work: not idle
 
-    def _on_message(self, message: Any, error: BaseException | None = None) -> None:
+    def _on_message(self, delivery: Received) -> None:
         if self._stopping():
-            # Delivered while the subscription was being cancelled: give it back untouched.
-            self.acker.requeue(message)
+            # Delivered while the subscription was being cancelled, or past max_messages:
+            # give it back untouched.
+            self.acker.requeue(delivery.message)
             return
         self._last_message = time.monotonic()
         self.faults.passed()
-        self.acker.take(message, error)
-
-    def _on_decode_error(self, message: Any, exc: BaseException) -> None:
-        """kombu could not decode a message it delivered (a ``compression`` header it cannot
-        apply): kept dead under its id with its raw body, or refused; never requeued."""
-        self._on_message(message, exc)
-
-
-def _release(connection: Connection) -> None:
-    try:
-        connection.release()
-    except (OSError, *connection.connection_errors):
-        pass
+        self.acker.take(delivery.message, delivery.error)

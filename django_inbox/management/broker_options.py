@@ -8,6 +8,11 @@ from django.core.management.base import CommandError, CommandParser
 
 from .base import MISCONFIGURED, seconds
 
+#: The schemes a broker URL may have, as error messages say them.
+SCHEMES_SAID = "amqp://, redis://, redis+streams://, nats://, sqs:// or filesystem://"
+#: Schemes of the inbox's own transports (not kombu's), with the extra that installs each.
+OWN_SCHEMES = {"nats": "nats", "redis+streams": "redis", "rediss+streams": "redis"}
+
 #: How long a broker that was never reached is tried before a command gives up.
 WAIT_FOR_BROKER = 30.0
 
@@ -35,9 +40,10 @@ def checked_broker_url(url: str) -> str:
     scheme = url.split("://", 1)[0]
     if "://" not in url:  # kombu would take it for an AMQP host name
         raise CommandError(
-            "the broker URL has no scheme; use amqp://, redis://, sqs:// or filesystem://",
-            returncode=MISCONFIGURED,
+            f"the broker URL has no scheme; use {SCHEMES_SAID}", returncode=MISCONFIGURED
         )
+    if scheme.lower() in OWN_SCHEMES:
+        return _checked_own_url(url, scheme)
     try:
         connection = Connection(url)  # type: ignore[no-untyped-call]
         connection.transport_cls  # noqa: B018 (resolving it finds an unknown scheme)
@@ -46,7 +52,7 @@ def checked_broker_url(url: str) -> str:
     except KeyError as exc:
         raise CommandError(
             f"unknown broker URL scheme {scheme!r} in --broker/INBOX_BROKER_URL ({exc}); use "
-            "amqp://, redis://, sqs:// or filesystem://",
+            f"{SCHEMES_SAID}",
             returncode=MISCONFIGURED,
         ) from None
     except ValueError as exc:
@@ -61,6 +67,40 @@ def checked_broker_url(url: str) -> str:
             returncode=MISCONFIGURED,
         ) from None
     return masked
+
+
+def _checked_own_url(url: str, scheme: str) -> str:
+    """A URL of one of the inbox's own transports (:data:`OWN_SCHEMES`), checked and masked."""
+    from urllib.parse import urlsplit
+
+    from ..broker.transports import transport_class
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is no number raises)
+    except ValueError as exc:
+        raise CommandError(
+            f"the {scheme}:// broker URL in --broker/INBOX_BROKER_URL cannot be read ({exc})",
+            returncode=MISCONFIGURED,
+        ) from None
+    if not parts.hostname:
+        raise CommandError(
+            f"the {scheme}:// broker URL in --broker/INBOX_BROKER_URL names no host",
+            returncode=MISCONFIGURED,
+        )
+    try:
+        transport_class(url)
+    except ImportError as exc:
+        extra = OWN_SCHEMES[scheme.lower()]
+        raise CommandError(
+            f"the broker URL needs a package that is not installed ({exc}); pip install "
+            f"'django-transactional-inbox[{extra}]'",
+            returncode=MISCONFIGURED,
+        ) from None
+    if parts.password is None:
+        return url
+    host = parts.hostname + (f":{parts.port}" if parts.port else "")
+    return parts._replace(netloc=f"{parts.username or ''}:**@{host}").geturl()
 
 
 def amqp_name(option: str, value: str | None, *, empty: bool = True) -> None:

@@ -26,7 +26,12 @@ from ..base import (
     require_known_consumers,
     start_metrics,
 )
-from ..broker_options import add_wait_for_broker_option, amqp_name, checked_broker_url
+from ..broker_options import (
+    OWN_SCHEMES,
+    add_wait_for_broker_option,
+    amqp_name,
+    checked_broker_url,
+)
 
 
 class Command(InboxCommand):
@@ -51,7 +56,13 @@ class Command(InboxCommand):
             ),
         )
         parser.add_argument(
-            "--broker", default=None, help="kombu broker URL (default: INBOX_BROKER_URL)."
+            "--broker",
+            default=None,
+            help=(
+                "Broker URL (default: INBOX_BROKER_URL): kombu's (amqp://, redis://, sqs://, "
+                "filesystem://), nats:// (JetStream: --queue is the subject) or "
+                "redis+streams:// (--queue is the stream)."
+            ),
         )
         parser.add_argument(
             "--ack",
@@ -123,6 +134,13 @@ class Command(InboxCommand):
             )
         for option in ("queue", "exchange", "routing_key"):
             amqp_name(f"--{option.replace('_', '-')}", options[option], empty=option != "queue")
+        scheme = broker.split("://", 1)[0].lower()
+        if scheme in OWN_SCHEMES and (options["exchange"] or options["routing_key"]):
+            raise CommandError(
+                f"--exchange and --routing-key bind AMQP queues; a {scheme}:// broker has none "
+                "(its --queue names what is consumed).",
+                returncode=MISCONFIGURED,
+            )
         verbosity = options["verbosity"]
         worker = BrokerConsumer(
             consumer=consumer,
@@ -162,20 +180,10 @@ class Command(InboxCommand):
 
 def start_line(worker: BrokerConsumer, masked_url: str) -> str:
     """What the consumer is about to do, said once on start (never a password)."""
-    if worker.declare:
-        declared = "declared durable if missing"
-        if worker.exchange:
-            routing = worker.routing_key or worker.queue_name
-            declared += (
-                f", bound to {worker.exchange_type} exchange {worker.exchange!r} "
-                f"with key {routing!r}"
-            )
-    else:
-        declared = "not declared: it must exist"
     return (
-        f"inbox_consume: consumer {worker.consumer!r}, queue {worker.queue_name!r} "
-        f"({declared}), broker {masked_url}; ack {worker.ack_mode.value}, prefetch "
-        f"{worker.prefetch}, commit every {worker.commit_every}"
+        f"inbox_consume: consumer {worker.consumer!r}, {worker.transport().describe()}, "
+        f"broker {masked_url}; ack {worker.ack_mode.value}, prefetch {worker.prefetch}, "
+        f"commit every {worker.commit_every}"
     )
 
 

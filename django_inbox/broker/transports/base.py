@@ -1,0 +1,132 @@
+"""What a broker is to ``inbox_consume``: one small interface, one module per broker.
+
+The consume loop (:class:`~django_inbox.broker.connection.BrokerConsumer`), the envelope rules
+(:mod:`~django_inbox.broker.envelope`: the message id, the event type, the refusal of a message
+without an id) and the acknowledgement policy (:mod:`~django_inbox.broker.acking`: after the
+commit, ``--ack``, ``--commit-every``) are shared. A transport only moves messages:
+
+- :meth:`Transport.open` connects and subscribes (declaring what ``declare`` allows);
+- :meth:`Transport.receive` hands over what arrived, waiting at most ``timeout`` seconds
+  (``0``: only what is already here), as :class:`Delivery` objects;
+- each :class:`Delivery` is acknowledged (:meth:`~Delivery.ack`, after the inbox committed),
+  refused (:meth:`~Delivery.reject`: to the broker's dead letters, never redelivered) or given
+  back (:meth:`~Delivery.requeue`: delivered again, to this consumer or another);
+- :meth:`Transport.idle` keeps the connection alive between waits;
+- :meth:`Transport.close` lets go; what was not acknowledged is redelivered by the broker.
+
+A transport says which of its errors mean a lost connection (:attr:`Transport.connection_errors`,
+reconnected with backoff) and which a refusal of the configuration
+(:attr:`Transport.refusals`: exit 2). A delivery's redelivery count reaches the inbox through
+``delivery_info`` (``redelivered``, ``delivery_count``), which is how a message that kills its
+consumer every time ends ``dead`` after its attempts instead of looping.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+
+class Delivery(Protocol):
+    """One message as a transport hands it over: what the envelope reads (kombu's message
+    attributes, which the other transports imitate) and what the loop does with it."""
+
+    @property
+    def body(self) -> Any: ...
+
+    @property
+    def content_type(self) -> str | None: ...
+
+    @property
+    def content_encoding(self) -> str | None: ...
+
+    @property
+    def headers(self) -> dict[str, Any] | None: ...
+
+    @property
+    def properties(self) -> dict[str, Any]: ...
+
+    @property
+    def delivery_info(self) -> dict[str, Any]: ...
+
+    def ack(self) -> None: ...
+
+    def reject(self, requeue: bool = False) -> None: ...
+
+    def requeue(self) -> None: ...
+
+
+@dataclass
+class Received:
+    """A delivery and, when the transport could not decode it, why (it is then kept dead under
+    its id with its raw body, or refused)."""
+
+    message: Any
+    error: BaseException | None = None
+
+
+@dataclass
+class Subscription:
+    """What to consume and how, the same for every transport."""
+
+    #: The inbox consumer (a durable consumer or group is named after it where the broker
+    #: names them).
+    consumer: str
+    #: The queue, subject or stream.
+    queue: str
+    #: Messages handed over and not yet acknowledged, at most.
+    prefetch: int = 100
+    #: Create what is missing (queue, binding, consumer group); off for pre-provisioned brokers.
+    declare: bool = True
+    #: Seconds a delivery may stay unacknowledged before the broker hands it to another
+    #: consumer, where the broker has such a timeout (JetStream's ack wait, SQS's visibility
+    #: timeout, the age after which Redis Streams entries are claimed).
+    lease: float = 300.0
+    #: The transport's own options (kombu's transport options; AMQP's exchange and binding).
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Transport(ABC):
+    """One broker connection of one consumer (see the module)."""
+
+    #: URL schemes this transport serves.
+    schemes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, url: str, subscription: Subscription) -> None:
+        self.url = url
+        self.subscription = subscription
+        #: Errors meaning the connection (or channel) is gone: the loop reconnects. Known
+        #: before :meth:`open` (the loop reads them when opening fails).
+        self.connection_errors: tuple[type[BaseException], ...] = ()
+        #: Errors meaning the broker refused the configuration: the command exits 2.
+        self.refusals: tuple[type[BaseException], ...] = ()
+
+    @abstractmethod
+    def open(self) -> None:
+        """Connect and subscribe; raise one of :attr:`connection_errors` if the broker cannot
+        be reached, one of :attr:`refusals` if it refuses what was asked."""
+
+    @abstractmethod
+    def receive(self, timeout: float) -> list[Received]:
+        """What arrived, waiting at most ``timeout`` seconds; ``[]`` when nothing did."""
+
+    def idle(self) -> None:  # noqa: B027 (most transports need nothing)
+        """Nothing arrived and nothing is pending: keep the connection alive."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Let go of the connection; never raises."""
+
+    @abstractmethod
+    def masked_url(self) -> str:
+        """The URL without its password, for log lines."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """What is consumed, for the start line (``queue 'x' (declared durable if missing)``)."""
+
+    @property
+    def scheme(self) -> str:
+        return self.url.split("://", 1)[0]
