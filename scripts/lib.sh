@@ -70,6 +70,16 @@ ensure_rabbitmq() {
     rabbitmqctl await_startup >/dev/null 2>&1 || true
 }
 
+ensure_nats() {
+    port_open 4222 && return
+    step "starting NATS (JetStream)"
+    [ -x /usr/sbin/nats-server ] || apt-get install -y -q nats-server >/dev/null
+    mkdir -p /var/lib/nats-server
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+        -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+    wait_for_port 4222 NATS
+}
+
 # ensure_database: create the database DATABASE_URL names, on PostgreSQL, if it does not exist
 # (nothing else needs it: pytest makes test_<name>, but makemigrations --check reads its
 # migration history).
