@@ -9,9 +9,16 @@ from django.core.management.base import CommandError, CommandParser
 from .base import MISCONFIGURED, seconds
 
 #: The schemes a broker URL may have, as error messages say them.
-SCHEMES_SAID = "amqp://, redis://, redis+streams://, nats://, sqs:// or filesystem://"
+SCHEMES_SAID = (
+    "amqp://, redis://, redis+streams://, nats://, sqs://, sqs+native:// or filesystem://"
+)
 #: Schemes of the inbox's own transports (not kombu's), with the extra that installs each.
-OWN_SCHEMES = {"nats": "nats", "redis+streams": "redis", "rediss+streams": "redis"}
+OWN_SCHEMES = {
+    "nats": "nats",
+    "redis+streams": "redis",
+    "rediss+streams": "redis",
+    "sqs+native": "sqs",
+}
 
 #: How long a broker that was never reached is tried before a command gives up.
 WAIT_FOR_BROKER = 30.0
@@ -83,7 +90,7 @@ def _checked_own_url(url: str, scheme: str) -> str:
             f"the {scheme}:// broker URL in --broker/INBOX_BROKER_URL cannot be read ({exc})",
             returncode=MISCONFIGURED,
         ) from None
-    if not parts.hostname:
+    if not parts.hostname and scheme.lower() != "sqs+native":  # SQS: boto3's region
         raise CommandError(
             f"the {scheme}:// broker URL in --broker/INBOX_BROKER_URL names no host",
             returncode=MISCONFIGURED,
@@ -99,7 +106,7 @@ def _checked_own_url(url: str, scheme: str) -> str:
         ) from None
     if parts.password is None:
         return url
-    host = parts.hostname + (f":{parts.port}" if parts.port else "")
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
     return parts._replace(netloc=f"{parts.username or ''}:**@{host}").geturl()
 
 

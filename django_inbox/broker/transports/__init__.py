@@ -1,6 +1,6 @@
 """The brokers ``inbox_consume`` reads (see :mod:`.base` for the interface): kombu's
-(RabbitMQ, Redis lists, SQS, filesystem, memory), NATS JetStream (``nats://``) and Redis
-Streams (``redis+streams://``)."""
+(RabbitMQ, Redis lists, SQS, filesystem, memory), NATS JetStream (``nats://``), Redis
+Streams (``redis+streams://``) and SQS read natively (``sqs+native://``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ SCHEMES = {
     "nats": "nats:NatsTransport",
     "redis+streams": "redis_streams:RedisStreamsTransport",
     "rediss+streams": "redis_streams:RedisStreamsTransport",
+    "sqs+native": "sqs:SqsTransport",
 }
 
 

@@ -1,0 +1,273 @@
+"""Amazon SQS, native (``sqs+native://``): SQS messages as SQS holds them, through boto3.
+
+``sqs://`` is kombu's SQS transport, for messages kombu publishes (Celery, ``outbox_relay
+--broker sqs://``): it reads kombu's envelope and no SQS attributes. ``sqs+native://`` reads
+what any producer sends (an SDK, the CLI, SNS with raw delivery, EventBridge):
+
+- the body as the payload; message attributes as headers (``message_id``, ``event_type``,
+  ``ce-*``, ``traceparent``…); the id from a ``message_id`` or ``ce-id`` attribute, else a FIFO
+  queue's ``MessageDeduplicationId``, else the body's ``id`` (never SQS's ``MessageId``, which
+  is new on every send, so a duplicate would look new);
+- ``ApproximateReceiveCount`` as the redelivery count (a message that kills its consumer every
+  time ends ``dead`` after its attempts instead of cycling until the redrive policy);
+- on a FIFO queue, the ``MessageGroupId`` is the ordering ``key`` unless the message names one;
+- each receive hides the messages for the consumer's lease (``VisibilityTimeout``); a
+  delivery is deleted after the inbox committed, made visible again at once when given back,
+  and, when refused, sent to the queue's dead-letter queue (its ``RedrivePolicy``) and deleted;
+  without a redrive policy it stays in the queue hidden for 12 hours, with an error logged.
+
+URL: ``sqs+native://[KEY_ID:SECRET@][REGION][?endpoint_url=http://HOST:PORT]`` (credentials and
+region default to boto3's; ``endpoint_url`` for SQS-compatible servers). ``--queue`` is a queue
+name (looked up, and created when ``declare`` allows: FIFO when the name ends ``.fifo``) or a
+queue URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from .base import Received, Subscription, Transport
+
+logger = logging.getLogger("django_inbox")
+
+#: SQS hands out at most this many messages per receive.
+MAX_BATCH = 10
+#: A refused message with no dead-letter queue is hidden this long (SQS's maximum).
+HIDE_REFUSED = 12 * 3600
+#: Error codes that no retry can help: the configuration must change.
+REFUSED_CODES = (
+    "AWS.SimpleQueueService.NonExistentQueue",
+    "QueueDoesNotExist",
+    "AccessDenied",
+    "AccessDeniedException",
+    "InvalidClientTokenId",
+    "SignatureDoesNotMatch",
+    "UnrecognizedClientException",
+    "InvalidAddress",
+)
+SYSTEM_ATTRIBUTES = [
+    "ApproximateReceiveCount",
+    "MessageGroupId",
+    "MessageDeduplicationId",
+    "SequenceNumber",
+    "SentTimestamp",
+]
+
+
+class SqsRefused(Exception):
+    """SQS refused the queue or the credentials."""
+
+
+class SqsUnavailable(Exception):
+    """SQS did not answer, or answered with an error a retry may cure (throttling, 5xx)."""
+
+
+def _translated(exc: Exception) -> Exception:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in REFUSED_CODES:
+            return SqsRefused(f"{code}: {exc}")
+    return SqsUnavailable(f"{type(exc).__name__}: {exc}")
+
+
+class SqsDelivery:
+    """An SQS message as the envelope reads it (see :class:`~.base.Delivery`)."""
+
+    def __init__(self, transport: SqsTransport, message: dict[str, Any]) -> None:
+        self._transport = transport
+        self._receipt = message["ReceiptHandle"]
+        self.message = message
+        body = message.get("Body") or ""
+        self.body: bytes = body.encode("utf-8", "surrogatepass")
+        headers: dict[str, Any] = {}
+        for name, value in (message.get("MessageAttributes") or {}).items():
+            if "StringValue" in value:
+                headers[name] = value["StringValue"]
+            elif "BinaryValue" in value:
+                headers[name] = value["BinaryValue"]
+        system = message.get("Attributes") or {}
+        lowered = {name.lower() for name in headers}
+        self.properties: dict[str, Any] = {}
+        dedup = system.get("MessageDeduplicationId")
+        if dedup and not lowered & {"message_id", "ce-id", "ce_id"}:
+            self.properties["message_id"] = dedup
+        group = system.get("MessageGroupId")
+        if group and not lowered & {"ce-partitionkey", "ce_partitionkey", "partition_key", "key"}:
+            headers["partition_key"] = group
+        self.headers = headers
+        content_type = headers.get("content_type") or headers.get("Content-Type")
+        self.content_type: str | None = content_type if isinstance(content_type, str) else None
+        self.content_encoding: str | None = "utf-8"
+        try:
+            count = int(system.get("ApproximateReceiveCount") or 1)
+        except ValueError:
+            count = 1
+        self.delivery_info: dict[str, Any] = {
+            "redelivered": count > 1,
+            "delivery_count": count,
+            "sqs_message_id": message.get("MessageId"),
+        }
+
+    def ack(self) -> None:
+        self._transport.call("delete_message", ReceiptHandle=self._receipt)
+
+    def requeue(self) -> None:
+        self._transport.call(
+            "change_message_visibility", ReceiptHandle=self._receipt, VisibilityTimeout=0
+        )
+
+    def reject(self, requeue: bool = False) -> None:
+        if requeue:
+            self.requeue()
+            return
+        transport = self._transport
+        dead_letters = transport.dead_letter_queue()
+        if dead_letters is None:
+            logger.error(
+                "inbox_consume %s: refused SQS message %s; queue %s has no redrive policy, so "
+                "it stays there, hidden for %d hours: give the queue a dead-letter queue",
+                transport.subscription.consumer,
+                self.message.get("MessageId"),
+                transport.subscription.queue,
+                HIDE_REFUSED // 3600,
+            )
+            transport.call(
+                "change_message_visibility",
+                ReceiptHandle=self._receipt,
+                VisibilityTimeout=HIDE_REFUSED,
+            )
+            return
+        attributes = dict(self.message.get("MessageAttributes") or {})
+        attributes["x-inbox-refused"] = {
+            "DataType": "String",
+            "StringValue": "refused by inbox_consume: no usable message id",
+        }
+        sent: dict[str, Any] = {
+            "QueueUrl": dead_letters,
+            "MessageBody": self.message.get("Body") or "",
+            "MessageAttributes": dict(list(attributes.items())[:10]),  # SQS's limit
+        }
+        if dead_letters.endswith(".fifo"):
+            system = self.message.get("Attributes") or {}
+            sent["MessageGroupId"] = system.get("MessageGroupId") or "refused"
+            sent["MessageDeduplicationId"] = self.message["MessageId"]
+        transport.call("send_message", **sent)
+        self.ack()
+
+
+class SqsTransport(Transport):
+    schemes = ("sqs+native",)
+
+    def __init__(self, url: str, subscription: Subscription) -> None:
+        super().__init__(url, subscription)
+        self.connection_errors = (SqsUnavailable,)
+        self.refusals = (SqsRefused,)
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        self.endpoint_url: str | None = (
+            query["endpoint_url"][0] if "endpoint_url" in query else None
+        )
+        self.region = parts.hostname or None
+        self.key_id = unquote(parts.username) if parts.username else None
+        self.secret = unquote(parts.password) if parts.password else None
+        self.visibility = max(math.ceil(subscription.lease), 1)
+        self.client: Any = None
+        self.queue_url = ""
+        self._dead_letters: list[str | None] = []  # empty: not looked up yet
+
+    def call(self, operation: str, **arguments: Any) -> Any:
+        """One SQS operation on the consumed queue, its errors translated."""
+        arguments.setdefault("QueueUrl", self.queue_url)
+        try:
+            return getattr(self.client, operation)(**arguments)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translated(exc) from exc
+
+    def open(self) -> None:
+        try:
+            self.client = boto3.client(
+                "sqs",
+                region_name=self.region or None,
+                endpoint_url=self.endpoint_url,
+                aws_access_key_id=self.key_id,
+                aws_secret_access_key=self.secret,
+                config=Config(retries={"max_attempts": 2}, connect_timeout=5, read_timeout=30),
+            )
+            self.queue_url = self._queue_url()
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translated(exc) from exc
+
+    def _queue_url(self) -> str:
+        queue = self.subscription.queue
+        if queue.startswith(("https://", "http://")):
+            return queue
+        try:
+            found: str = self.client.get_queue_url(QueueName=queue)["QueueUrl"]
+            return found
+        except botocore.exceptions.ClientError as exc:
+            refused = _translated(exc)
+            if not isinstance(refused, SqsRefused) or not self.subscription.declare:
+                raise
+        attributes = {"VisibilityTimeout": str(self.visibility)}
+        if queue.endswith(".fifo"):
+            attributes["FifoQueue"] = "true"
+        created: str = self.client.create_queue(QueueName=queue, Attributes=attributes)["QueueUrl"]
+        return created
+
+    def dead_letter_queue(self) -> str | None:
+        """The URL of the queue's dead-letter queue (its ``RedrivePolicy``), or ``None``."""
+        if not self._dead_letters:
+            found = self.call("get_queue_attributes", AttributeNames=["RedrivePolicy"])
+            policy = (found.get("Attributes") or {}).get("RedrivePolicy")
+            target = json.loads(policy).get("deadLetterTargetArn") if policy else None
+            self._dead_letters = [self._url_of_arn(target) if target else None]
+        return self._dead_letters[0]
+
+    def _url_of_arn(self, arn: str) -> str:
+        parts = arn.split(":")  # arn:aws:sqs:REGION:ACCOUNT:NAME
+        try:
+            found = self.client.get_queue_url(QueueName=parts[-1], QueueOwnerAWSAccountId=parts[4])
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise _translated(exc) from exc
+        return str(found["QueueUrl"])
+
+    def receive(self, timeout: float) -> list[Received]:
+        wait = 0 if timeout <= 0 else min(max(math.ceil(timeout), 1), 20)
+        found = self.call(
+            "receive_message",
+            MaxNumberOfMessages=min(self.subscription.prefetch, MAX_BATCH),
+            WaitTimeSeconds=wait,
+            VisibilityTimeout=self.visibility,
+            MessageAttributeNames=["All"],
+            MessageSystemAttributeNames=SYSTEM_ATTRIBUTES,
+        )
+        return [Received(SqsDelivery(self, message)) for message in found.get("Messages") or []]
+
+    def close(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # nothing to let go of
+                client.close()
+
+    def masked_url(self) -> str:
+        parts = urlsplit(self.url)
+        if parts.password is None:
+            return self.url
+        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+        return parts._replace(netloc=f"{parts.username or ''}:**@{host}").geturl()
+
+    def describe(self) -> str:
+        declared = "created if missing" if self.subscription.declare else "must exist"
+        return (
+            f"SQS queue {self.subscription.queue!r} ({declared}; visibility timeout "
+            f"{self.visibility}s per receive)"
+        )
