@@ -14,6 +14,8 @@ the in-process figures keep the test project's settings):
 - ``BENCH_MAX_PAYLOAD_BYTES``: ``INBOX_MAX_PAYLOAD_BYTES``, so the memory benchmark's consumer
   of large messages admits them.
 - ``BENCH_URLCONF``: ``ROOT_URLCONF`` (the webhook benchmark's server: ``bench.webhook_urls``).
+- ``BENCH_CELERY_DB_REUSE_MAX``: ``CELERY_DB_REUSE_MAX`` (figure 11's worker that keeps its
+  connections; Celery's Django fixup closes them around every task otherwise).
 - ``BENCH_DB_POOL``: psycopg's connection pool (``OPTIONS["pool"]``, with ``CONN_MAX_AGE`` 0),
   what Django advises under ASGI, where each request's sync work runs on a thread of its own
   and a per-thread persistent connection would be opened anew for every request.
@@ -44,6 +46,10 @@ if _max_payload:
 _urlconf = os.environ.get("BENCH_URLCONF")
 if _urlconf:
     ROOT_URLCONF = _urlconf
+# Figure 11: a Celery worker that keeps its database connections between tasks.
+_reuse = os.environ.get("BENCH_CELERY_DB_REUSE_MAX")
+if _reuse:
+    CELERY_DB_REUSE_MAX = int(_reuse)
 if os.environ.get("BENCH_DB_POOL"):
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 8, "max_size": 16}  # noqa: F405
