@@ -200,7 +200,7 @@ def _with_application_name(connection, name: str) -> str:  # type: ignore[no-unt
 def test_sigterm_acks_nothing_uncommitted_and_resumes(
     manage: Manage, broker: str, queue: str
 ) -> None:
-    messages, expected = brokers.stream(600, seed=4, sleep=0.05)
+    messages, expected = brokers.stream(300, seed=4, sleep=0.05)
     brokers.publish(broker, queue, messages)
     proc = consume(manage, broker, queue, "--prefetch", "100")
     deadline = time.monotonic() + 60

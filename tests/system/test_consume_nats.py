@@ -194,7 +194,7 @@ def test_a_message_that_kills_its_consumer_every_time_ends_dead(
 def test_sigterm_finishes_the_message_at_hand_and_gives_the_rest_back(
     manage: Manage, stream: jetstream.Stream
 ) -> None:
-    messages, expected = brokers.stream(400, seed=24, sleep=0.05)
+    messages, expected = brokers.stream(200, seed=24, sleep=0.05)
     jetstream.publish(stream, messages)
     proc = consume(manage, stream, "--prefetch", "100")
     deadline = time.monotonic() + 60

@@ -190,7 +190,7 @@ def test_an_entry_that_kills_its_consumer_every_time_ends_dead(
 
 
 def test_sigterm_gives_back_what_was_read_at_once(manage: Manage, stream: streams.Stream) -> None:
-    messages, expected = brokers.stream(400, seed=34, sleep=0.05)
+    messages, expected = brokers.stream(200, seed=34, sleep=0.05)
     streams.publish(stream, messages)
     proc = consume(manage, stream, "--prefetch", "100")
     deadline = time.monotonic() + 60
