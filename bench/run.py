@@ -117,6 +117,7 @@ ALONE = {
     "waiting": ("bench.waiting", "bench_waiting", "render_waiting"),
     "webhooks": ("bench.webhooks", "bench_webhooks", "render_webhooks"),
     "tasks": ("bench.celery_tasks", "bench_tasks", "render_tasks"),
+    "transports": ("bench.transports", "bench_transports", "render_transports"),
 }
 
 
