@@ -222,3 +222,14 @@ def private_rabbitmq(startup_timeout: float = 120) -> Iterator[RabbitNode]:
                 server.wait()
         output.close()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def summary_counts(out: str) -> dict[str, int]:
+    """The counts of ``inbox_consume``'s last summary line (``acked 12 (processed 10,
+    duplicate 2), refused 1, requeued 0, reconnects 0``): each name with its number, the
+    outcomes in brackets included."""
+    import re
+
+    lines = [line for line in out.splitlines() if line.startswith("inbox_consume: acked")]
+    assert lines, f"no summary line in {out!r}"
+    return {name: int(number) for name, number in re.findall(r"(\w+) (\d+)", lines[-1])}

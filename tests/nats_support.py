@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import nats
 from nats.js import api
@@ -100,6 +101,55 @@ def publish(stream: Stream, messages: Iterable[dict[str, Any]], subject: str = "
     return run(send())
 
 
+def publish_raw(stream: Stream, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    """Publish one message over NATS's own protocol (``HPUB``), with header bytes as given:
+    what another language's client can send and nats-py cannot (values that are not UTF-8)."""
+    parts = urlsplit(stream.url)
+    head = b"NATS/1.0\r\n" + b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+    head += b"\r\n"
+    with socket.create_connection((parts.hostname, parts.port or 4222), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        reader.readline()  # INFO
+        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true}\r\n')
+        inbox = b"_INBOX.raw"
+        sock.sendall(b"SUB " + inbox + b" 1\r\n")
+        sock.sendall(
+            b"HPUB %s %s %d %d\r\n"
+            % (stream.subject.encode(), inbox, len(head), len(head) + len(body))
+            + head
+            + body
+            + b"\r\n"
+        )
+        sock.sendall(b"PING\r\n")
+        while True:  # JetStream's acknowledgement comes to the inbox subject
+            line = reader.readline()
+            if line.startswith((b"HMSG", b"MSG")):
+                reader.readline()
+                break
+            if line.startswith(b"-ERR") or not line:
+                raise RuntimeError(f"publishing failed: {line!r}")
+
+
+def refused_copies(stream: Stream) -> list[dict[str, str]]:
+    """The headers of the copies kept on ``<subject>.refused`` (in the same stream)."""
+
+    async def read() -> list[dict[str, str]]:
+        client = await nats.connect(stream.url)
+        js = client.jetstream()
+        found: list[dict[str, str]] = []
+        try:
+            info = await js.stream_info(stream.name, subjects_filter=f"{stream.subject}.refused")
+            if not (info.state.subjects or {}).get(f"{stream.subject}.refused"):
+                return []
+            last = await js.get_last_msg(stream.name, f"{stream.subject}.refused")
+            found.append(dict(last.headers or {}))
+        finally:
+            await client.close()
+        return found
+
+    return run(read())
+
+
 def consumer_state(stream: Stream, durable: str) -> dict[str, int]:
     """What the durable consumer still owes: ``pending`` (never delivered) and
     ``ack_pending`` (delivered, not acknowledged)."""
@@ -128,15 +178,26 @@ class NatsServer:
     port: int
     store: Path
     process: subprocess.Popen[bytes] | None = None
+    #: ``(user, password)`` the server requires, if any.
+    credentials: tuple[str, str] | None = None
 
     @property
     def url(self) -> str:
+        if self.credentials:
+            user, password = self.credentials
+            return f"nats://{user}:{password}@127.0.0.1:{self.port}"
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30) -> None:
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+        auth = (
+            ["--user", self.credentials[0], "--pass", self.credentials[1]]
+            if self.credentials
+            else []
+        )
+        where = ["-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)]
         self.process = subprocess.Popen(
-            [binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)],
+            [binary, *where, *auth],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -179,9 +240,9 @@ class NatsServer:
 
 
 @contextmanager
-def private_nats() -> Iterator[NatsServer]:
+def private_nats(credentials: tuple[str, str] | None = None) -> Iterator[NatsServer]:
     store = Path(tempfile.mkdtemp(prefix="inbox-nats-"))
-    server = NatsServer(free_port(), store)
+    server = NatsServer(free_port(), store, credentials=credentials)
     server.start()
     try:
         yield server

@@ -178,6 +178,8 @@ class Acker:
     def _settle(self, message: Any, decision: Decision, started: float) -> None:
         """Acknowledge (or refuse) a message whose decision committed."""
         if decision.action is Action.REFUSE:
+            if hasattr(message, "refused_because") and decision.reason:
+                message.refused_because = decision.reason  # a transport that keeps the reason
             message.reject(requeue=False)
             self.stats.refused += 1
         else:

@@ -227,7 +227,16 @@ class BrokerConsumer:
                 else:
                     transport.idle()
             for delivery in received:
-                self._on_message(delivery)
+                try:
+                    self._on_message(delivery)
+                except Exception as exc:
+                    # Acknowledging or refusing failed (a stream's group deleted under it, a
+                    # permission missing on a dead-letter queue): not the end of the command,
+                    # nor a refusal of its configuration. Counted as the transport's faults;
+                    # many in a row reconnect with backoff. Unacknowledged, it comes back.
+                    if isinstance(exc, (*broken, BrokerUnavailable, DatabaseMisconfigured)):
+                        raise
+                    self.faults.met(exc)
             # A connection that reads, not one that was merely opened, ends the backoff:
             # one that fails on every entry keeps backing off.
             backoff.reset()

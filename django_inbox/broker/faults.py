@@ -40,9 +40,9 @@ class TransportFaults:
         self.stats.unreadable += 1
         self.in_a_row += 1
         logger.error(
-            "inbox_consume %s: the %s transport could not read an entry of queue %s as a "
-            "message (%s); it is not in the inbox (kombu's Redis transport has removed it; "
-            "over AMQP it goes back to the queue when this connection closes)",
+            "inbox_consume %s: the %s transport failed on an entry of queue %s (%s); what "
+            "the inbox did not commit is not in it (kombu's Redis lists have removed an entry "
+            "they could not read; the other brokers deliver it again)",
             self.consumer,
             self.scheme,
             self.queue_name,

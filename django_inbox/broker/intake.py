@@ -54,6 +54,8 @@ class Decision:
     message_id: str | None = None
     #: The prepared row of a pending message.
     row: NewRow | None = None
+    #: Why a refused message was refused (kept with it where the broker can keep a reason).
+    reason: str = ""
 
 
 class Intake:
@@ -131,7 +133,8 @@ class Intake:
                 if envelope.problem
                 else "an id invented here would defeat deduplication",
             )
-            return Decision(Action.REFUSE, "refused")
+            why = envelope.problem or "the message has no id"
+            return Decision(Action.REFUSE, "refused", reason=f"refused by inbox_consume: {why}")
         message_id = envelope.message_id
         fields = self._fields(envelope)
         try:
@@ -146,12 +149,14 @@ class Intake:
             return Decision(Action.ACK, outcome.value, message_id)
         except UnknownEventType as exc:
             logger.error("inbox_consume %s: refused message %s: %s", self.consumer, message_id, exc)
-            return Decision(Action.REFUSE, "refused", message_id)
+            reason = f"refused by inbox_consume: {exc}"
+            return Decision(Action.REFUSE, "refused", message_id, reason=reason)
         except InvalidMessageId as exc:
             logger.error(
                 "inbox_consume %s: refused a message with an unusable id: %s", self.consumer, exc
             )
-            return Decision(Action.REFUSE, "refused", None)
+            reason = f"refused by inbox_consume: unusable id: {exc}"
+            return Decision(Action.REFUSE, "refused", None, reason=reason)
         except InvalidMessage as exc:
             # The payload or a field cannot be stored as it is: kept dead, with the reason.
             return self._keep_dead(fields, envelope.payload, str(exc), type(exc).__name__)
@@ -174,7 +179,8 @@ class Intake:
             logger.error(
                 "inbox_consume %s: refused a message that cannot be kept: %s", self.consumer, exc
             )
-            return Decision(Action.REFUSE, "refused", None)
+            reason = f"refused by inbox_consume: it cannot be kept: {exc}"
+            return Decision(Action.REFUSE, "refused", None, reason=reason)
         return Decision(Action.ACK, "dead", fields["message_id"])
 
     def unreadable(self, message: Any, exc: BaseException) -> Decision:
@@ -189,7 +195,8 @@ class Intake:
         )
         message_id = identity(message)
         if not message_id:
-            return Decision(Action.REFUSE, "refused")
+            why = f"it could not be read ({type(exc).__name__}) and has no id"
+            return Decision(Action.REFUSE, "refused", reason=f"refused by inbox_consume: {why}")
         fields = {
             "consumer": self.consumer,
             "message_id": message_id,

@@ -79,9 +79,14 @@ def test_a_fifo_queue_gives_its_group_as_the_key_and_its_deduplication_id_as_the
     ] + [{"id": "named", "dedup": "d-named", "group": "order-2", "type": "effect.write",
           "body": {"n": 9}}]  # fmt: skip
     sqs.send(queue, sent)
-    # The same deduplication id again after SQS's five-minute window is a resend: the inbox
-    # answers it (here sent at once, so SQS drops it itself; the id is what the row keeps).
     out = finish(consume(manage, queue, "--until-idle", "3"))
+    # The same deduplication id sent again once SQS's five-minute window has passed reaches
+    # the consumer: the inbox answers it (the window is SQS's; here a new queue stands in for
+    # the time passed).
+    later = sqs.new_queue(endpoint, fifo=True)
+    sqs.send(later, [sent[0]])
+    again = finish(consume(manage, later, "--until-idle", "3"))
+    assert brokers.summary_counts(again)["duplicate"] == 1, again
 
     rows = {m.message_id: m for m in InboxMessage.objects.filter(consumer="stream")}
     assert set(rows) == {f"order-1-v{n}" for n in range(5)} | {"named"}, out
@@ -119,8 +124,14 @@ def test_hostile_and_malformed_messages_end_in_their_documented_states(
     for message_id in ("bad-json", "deep", "too-big", "xml", "no-type", "poison"):
         assert rows[message_id].status == Status.DEAD, message_id
     assert rows["poison"].attempts == 8
-    assert "refused 1" in out, out
+    counts = brokers.summary_counts(out)
+    assert (counts["refused"], counts["reconnects"]) == (1, 0), out
     assert queue.dead_letters and sqs.depth(queue.dead_letters, endpoint) == 1  # the refused one
+    kept = sqs.client(endpoint).receive_message(
+        QueueUrl=queue.dead_letters, MessageAttributeNames=["All"]
+    )["Messages"][0]
+    reason = kept["MessageAttributes"]["x-inbox-refused"]["StringValue"]
+    assert reason.startswith("refused by inbox_consume: "), reason
     assert lost_and_doubled(expected, "stream") == (0, 0)
     assert sqs.depth(queue.url, endpoint) == 0
 
@@ -146,6 +157,35 @@ def test_a_message_that_kills_its_consumer_every_time_ends_dead(
     assert lost_and_doubled({m["id"] for m in healthy}, "effects") == (0, 0)
     assert sqs.depth(queue.url, endpoint) == 0
     assert queue.dead_letters and sqs.depth(queue.dead_letters, endpoint) == 0
+
+
+def test_without_a_redrive_policy_refused_messages_go_to_a_refused_queue(
+    manage: Manage, endpoint: str
+) -> None:
+    queue = sqs.new_queue(endpoint)  # no redrive policy
+    healthy, expected = brokers.stream(20, seed=44)
+    sqs.send(queue, [{"id": None, "type": "effect.write", "body": {"no": "id"}}, *healthy])
+
+    out = finish(consume(manage, queue, "--until-idle", "3"))
+
+    counts = brokers.summary_counts(out)
+    assert (counts["refused"], counts["reconnects"]) == (1, 0), out
+    refused_url = sqs.client(endpoint).get_queue_url(QueueName=f"{queue.name}-refused")
+    assert sqs.depth(refused_url["QueueUrl"], endpoint) == 1
+    assert sqs.depth(queue.url, endpoint) == 0
+    assert lost_and_doubled(expected, "stream") == (0, 0)
+
+
+def test_with_no_declare_a_queue_refused_messages_cannot_leave_exits_2(
+    manage: Manage, endpoint: str
+) -> None:
+    queue = sqs.new_queue(endpoint)  # no redrive policy, no <name>-refused
+
+    proc = consume(manage, queue, "--no-declare")
+    _, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == 2, err
+    assert "has no redrive policy" in err
 
 
 def test_a_missing_queue_with_no_declare_exits_2(manage: Manage, endpoint: str) -> None:

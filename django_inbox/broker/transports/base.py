@@ -16,9 +16,12 @@ commit, ``--ack``, ``--commit-every``) are shared. A transport only moves messag
 
 A transport says which of its errors mean a lost connection (:attr:`Transport.connection_errors`,
 reconnected with backoff) and which a refusal of the configuration
-(:attr:`Transport.refusals`: exit 2). A delivery's redelivery count reaches the inbox through
-``delivery_info`` (``redelivered``, ``delivery_count``), which is how a message that kills its
-consumer every time ends ``dead`` after its attempts instead of looping.
+(:attr:`Transport.refusals`: exit 2 when opening; an error of one delivery's acknowledgement
+is counted as the transport's fault instead, so that one message never ends the command). A
+redelivery reaches the inbox as ``delivery_info["redelivered"]`` (each transport sets it from
+its broker's delivery count, kept beside it as ``delivery_count``), which is how a message that
+kills its consumer every time ends ``dead`` after its attempts instead of looping. A delivery
+that can keep a refusal's reason has a ``refused_because`` attribute, which the loop sets.
 """
 
 from __future__ import annotations

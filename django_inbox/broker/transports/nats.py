@@ -52,8 +52,19 @@ MIN_FETCH = 0.05
 #: Characters a durable consumer's name may hold as they are; others are escaped.
 _NAME_SAFE = re.compile(r"[A-Za-z0-9-]")
 
+
+class CallTimeout(Exception):
+    """The client did not answer a call in time: the connection is taken for lost."""
+
+
+class NatsRefused(Exception):
+    """The server refused the credentials, the connection's terms (TLS) or what JetStream was
+    asked (a consumer it cannot create, a durable consumer that does not fit)."""
+
+
 #: The client's errors that mean the connection is gone (the loop connects again).
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    CallTimeout,
     OSError,
     nats.errors.ConnectionClosedError,
     nats.errors.ConnectionReconnectingError,
@@ -65,12 +76,13 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     nats.errors.FlushTimeoutError,
     nats.errors.NoRespondersError,  # JetStream not (yet) answering
     nats.js.errors.ServiceUnavailableError,
-    TimeoutError,
 )
-
-
-class StreamMissing(Exception):
-    """No JetStream stream holds the subject, or the durable consumer does not fit it."""
+#: Headers whose value must be text to be used: nats-py decodes header values as UTF-8 with
+#: replacement characters, so one holding U+FFFD may have been bytes that were not UTF-8.
+NAMING_HEADERS = (
+    "nats-msg-id", "message_id", "ce-id", "ce_id", "ce-source", "ce_source", "ce-type",
+    "ce_type", "event_type", "ce-partitionkey", "ce_partitionkey", "partition_key", "key",
+)  # fmt: skip
 
 
 def durable_name(consumer: str) -> str:
@@ -89,7 +101,13 @@ class NatsDelivery:
     def __init__(self, transport: NatsTransport, message: Any) -> None:
         self._transport = transport
         self._message = message
-        headers = dict(message.headers or {})
+        headers = {str(name): value for name, value in (message.headers or {}).items()}
+        for name, value in headers.items():
+            if name.lower() in NAMING_HEADERS and isinstance(value, str) and "\ufffd" in value:
+                # Bytes that were not UTF-8, decoded with replacement characters: two
+                # different ids could read the same. Kept as bytes that are not UTF-8, so the
+                # envelope refuses the message (an id) or keeps it dead (a type or key).
+                headers[name] = b"\xff" + value.encode("utf-8")
         self.headers: dict[str, Any] = headers
         self.body: bytes = message.data
         lowered = {str(name).lower(): value for name, value in headers.items()}
@@ -99,6 +117,7 @@ class NatsDelivery:
         # JetStream's own deduplication id, when the publisher set one: the message id.
         if lowered.get("nats-msg-id"):
             self.properties["message_id"] = lowered["nats-msg-id"]
+        self.refused_because = "refused by inbox_consume"
         try:
             metadata = message.metadata
             count = int(metadata.num_delivered or 1)
@@ -119,7 +138,7 @@ class NatsDelivery:
         if requeue:
             self.requeue()
         else:
-            self._transport._call(self._message.term())
+            self._transport._call(self._transport._refuse(self))
 
     def requeue(self) -> None:
         self._transport._call(self._message.nak())
@@ -131,13 +150,16 @@ class NatsTransport(Transport):
     def __init__(self, url: str, subscription: Subscription) -> None:
         super().__init__(url, subscription)
         self.connection_errors = CONNECTION_ERRORS
-        self.refusals = (StreamMissing, nats.errors.AuthorizationError)
+        self.refusals = (NatsRefused, nats.errors.AuthorizationError)
         self.durable = durable_name(subscription.consumer)
         self.stream: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._client: Any = None
         self._pull: Any = None
+        self._js: Any = None
+        #: The stream's retention policy (``limits``, ``interest``, ``workqueue``).
+        self.retention = ""
 
     # -- the client's thread ----------------------------------------------------------------
 
@@ -150,8 +172,10 @@ class NatsTransport(Transport):
         try:
             return future.result(timeout)
         except TimeoutError:
+            if future.done():
+                raise  # the work's own timeout (a fetch that found nothing)
             future.cancel()
-            raise
+            raise CallTimeout(f"the NATS client did not answer within {timeout:.0f}s") from None
 
     def _start_loop(self) -> None:
         loop = asyncio.new_event_loop()
@@ -174,29 +198,40 @@ class NatsTransport(Transport):
         self._call(self._open())
 
     async def _open(self) -> None:
-        lost = asyncio.Event()
-
-        async def closed() -> None:
-            lost.set()
-
         async def error(exc: Exception) -> None:
             consumer = self.subscription.consumer
             logger.warning("inbox_consume %s: NATS: %s: %s", consumer, type(exc).__name__, exc)
 
-        self._client = await nats.connect(
-            self.url,
-            allow_reconnect=False,
-            connect_timeout=5,
-            closed_cb=closed,
-            error_cb=error,
-            name=f"inbox_consume {self.subscription.consumer}",
-        )
+        try:
+            self._client = await nats.connect(
+                self.url,
+                allow_reconnect=False,
+                # Two quick tries per open (nats-py takes 0 for "for ever"): the consume loop
+                # retries with its own backoff, and a stop is not held up by the client's.
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.2,
+                connect_timeout=5,
+                error_cb=error,
+                name=f"inbox_consume {self.subscription.consumer}",
+            )
+        except CONNECTION_ERRORS:
+            raise
+        except nats.errors.Error as exc:  # credentials, TLS: no retry helps
+            raise NatsRefused(f"the NATS server refused the connection: {exc}") from None
+        try:
+            await self._subscribe()
+        except nats.js.errors.ServiceUnavailableError:
+            raise
+        except nats.js.errors.APIError as exc:
+            raise NatsRefused(f"JetStream refused: {exc}") from None
+
+    async def _subscribe(self) -> None:
         js = self._client.jetstream()
         subject = self.subscription.queue
         try:
             self.stream = await js.find_stream_name_by_subject(subject)
         except nats.js.errors.NotFoundError:
-            raise StreamMissing(
+            raise NatsRefused(
                 f"no JetStream stream holds subject {subject!r}: create one (for example "
                 f"`nats stream add ORDERS --subjects {subject!r}`), then consume it"
             ) from None
@@ -212,22 +247,44 @@ class NatsTransport(Transport):
             found = await js.consumer_info(self.stream, self.durable)
         except nats.js.errors.NotFoundError:
             if not self.subscription.declare:
-                raise StreamMissing(
+                raise NatsRefused(
                     f"stream {self.stream!r} has no durable consumer {self.durable!r} and "
                     "--no-declare forbids creating it"
                 ) from None
             await js.add_consumer(self.stream, wanted)
         else:
             self._check_existing(found.config, subject)
+        info = await js.stream_info(self.stream)
+        self.retention = str(getattr(info.config.retention, "value", info.config.retention))
         self._pull = await js.pull_subscribe_bind(self.durable, self.stream)
+        self._js = js
 
     def _check_existing(self, config: Any, subject: str) -> None:
         filters = [config.filter_subject] if config.filter_subject else []
         filters += list(config.filter_subjects or [])
         if filters != [subject]:
-            raise StreamMissing(
+            raise NatsRefused(
                 f"durable consumer {self.durable!r} on stream {self.stream!r} filters "
                 f"{filters or 'every subject'}, not {subject!r}: delete it or consume its subject"
+            )
+        if config.deliver_subject:
+            raise NatsRefused(
+                f"durable consumer {self.durable!r} is a push consumer: inbox_consume pulls"
+            )
+        policy = getattr(config.ack_policy, "value", config.ack_policy)
+        if policy != "explicit":
+            raise NatsRefused(
+                f"durable consumer {self.durable!r} acknowledges {policy!r}: the inbox needs "
+                "explicit acknowledgements (one per message, after its commit)"
+            )
+        if config.ack_wait is not None and abs(config.ack_wait - self.subscription.lease) > 1:
+            logger.warning(
+                "inbox_consume %s: durable consumer %s waits %ss for an acknowledgement, the "
+                "inbox consumer's lease is %ss: a message is redelivered after the first",
+                self.subscription.consumer,
+                self.durable,
+                config.ack_wait,
+                self.subscription.lease,
             )
         attempts = config.max_deliver
         if attempts is not None and attempts > 0:
@@ -240,11 +297,43 @@ class NatsTransport(Transport):
                 attempts,
             )
 
+    async def _refuse(self, delivery: NatsDelivery) -> None:
+        """Copy a refused message to ``<its subject>.refused`` (kept by whichever stream holds
+        that subject), then ``term`` it. With no stream holding it, a stream of ``limits``
+        retention keeps the message after ``term``; on ``workqueue`` or ``interest`` streams,
+        where ``term`` deletes it, it is ``nak``-ed for an hour instead and stays pending."""
+        message = delivery._message
+        sequence = delivery.delivery_info.get("stream_sequence")
+        headers = {str(k): str(v) for k, v in (message.headers or {}).items()}
+        headers["x-inbox-refused"] = delivery.refused_because[:1000]
+        headers["x-inbox-stream"] = f"{self.stream}:{sequence}"
+        target = f"{message.subject}.refused"
+        try:
+            await self._js.publish(target, message.data, headers=headers)
+        except nats.js.errors.NoStreamResponseError:
+            keep = self.retention == "limits"
+            logger.error(
+                "inbox_consume %s: refused message %s of stream %s (%s); no stream holds %s "
+                "to keep a copy: %s",
+                self.subscription.consumer,
+                sequence,
+                self.stream,
+                delivery.refused_because,
+                target,
+                "it stays in the stream (limits retention)"
+                if keep
+                else f"it stays pending for an hour ({self.retention} retention would delete it)",
+            )
+            if not keep:
+                await message.nak(delay=3600)
+                return
+        await message.term()
+
     def receive(self, timeout: float) -> list[Received]:
         wait = max(timeout, MIN_FETCH)
         try:
             messages = self._call(self._fetch(wait), timeout=wait + CALL_TIMEOUT)
-        except nats.errors.TimeoutError:
+        except (nats.errors.TimeoutError, TimeoutError):  # nothing came (CallTimeout is not)
             return []
         return [Received(NatsDelivery(self, message)) for message in messages]
 

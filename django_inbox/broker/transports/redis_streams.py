@@ -13,9 +13,10 @@ its own (host, pid and a random suffix).
 - Entries a consumer left pending longer than the lease (dead, or stuck) are claimed with
   ``XAUTOCLAIM`` by whichever consumer looks next, and counted as redeliveries (a message that
   kills its consumer every time ends ``dead`` after its attempts).
-- Refused entries (no id) are copied to the stream ``<stream>:dead`` with the reason, and
-  acknowledged, in one ``MULTI``: never dropped. Entries given back (a stop, a database error)
-  are made claimable at once (``XCLAIM … IDLE <lease>``) rather than after the lease.
+- Refused entries (no id, an unusable one) are copied to the stream ``<stream>:dead`` with
+  the reason, then acknowledged once the copy is kept: never dropped. Entries given back (a
+  stop, a database error) are made claimable at once (``XCLAIM … IDLE <lease>``) rather than
+  after the lease. Needs Redis 7.0 or later (``XAUTOCLAIM``'s reply of deleted entries).
 - At a graceful stop the process's consumer leaves the group if it holds nothing (what it gave
   back stays in its name until another claims it); consumers idle for a day with nothing
   pending are removed when a process starts. A consumer is never removed while it holds
@@ -70,6 +71,7 @@ class StreamDelivery:
                 self.properties[name] = fields[field]
         self.headers: dict[str, Any] = {}
         self.delivery_info: dict[str, Any] = {"entry_id": entry_id.decode(), "redelivered": False}
+        self.refused_because = "refused by inbox_consume"
 
     def read_headers(self) -> BaseException | None:
         """Read the ``headers`` field; the reason it cannot be read, or ``None``."""
@@ -95,13 +97,13 @@ class StreamDelivery:
         transport = self._transport
         dead = {
             **self.fields,
-            b"x-inbox-refused": b"refused by inbox_consume: no usable message id",
+            b"x-inbox-refused": self.refused_because.encode("utf-8", "backslashreplace"),
             b"x-inbox-entry-id": self.entry_id,
         }
-        with transport.client.pipeline(transaction=True) as pipe:
-            pipe.xadd(transport.dead_stream, dead)
-            pipe.xack(transport.stream, transport.group, self.entry_id)
-            pipe.execute()
+        # The copy first, then the XACK only if it was kept (a MULTI would XACK even when the
+        # XADD fails, say on a key of another type); a copy kept twice is harmless.
+        transport.client.xadd(transport.dead_stream, dead)
+        transport.client.xack(transport.stream, transport.group, self.entry_id)
 
     def requeue(self) -> None:
         transport = self._transport
@@ -140,10 +142,21 @@ class RedisStreamsTransport(Transport):
         self._claim_from = "0-0"
 
     def open(self) -> None:
+        # A socket timeout above the longest XREADGROUP block: a half-open connection (a
+        # failover, a NAT's lost state) ends in a timeout and a reconnect, never a hang.
         self.client = redis.Redis.from_url(
-            self.redis_url, socket_connect_timeout=5, health_check_interval=30
+            self.redis_url,
+            socket_connect_timeout=5,
+            socket_timeout=30,
+            socket_keepalive=True,
+            health_check_interval=30,
         )
-        self.client.ping()
+        version = str(self.client.info("server").get("redis_version", "0"))
+        if tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) < (7, 0):
+            raise GroupMissing(
+                f"Redis {version} has no XAUTOCLAIM reply with deleted entries: Redis Streams "
+                "need Redis 7.0 or later"
+            )
         try:
             self.client.xinfo_groups(self.stream)
         except redis.exceptions.ResponseError as exc:
@@ -214,10 +227,11 @@ class RedisStreamsTransport(Transport):
             # Trimmed from the stream (MAXLEN, XDEL) while pending: nothing left to read.
             logger.error(
                 "inbox_consume %s: %d pending entries of stream %s were deleted from the "
-                "stream before they were acknowledged (trimmed?); they cannot be read",
+                "stream before they were acknowledged (trimmed?); they cannot be read: %s",
                 self.group,
                 len(deleted),
                 self.stream,
+                ", ".join(i.decode() if isinstance(i, bytes) else str(i) for i in deleted[:50]),
             )
             self.client.xack(self.stream, self.group, *deleted)
         received = []

@@ -13,8 +13,9 @@ what any producer sends (an SDK, the CLI, SNS with raw delivery, EventBridge):
 - on a FIFO queue, the ``MessageGroupId`` is the ordering ``key`` unless the message names one;
 - each receive hides the messages for the consumer's lease (``VisibilityTimeout``); a
   delivery is deleted after the inbox committed, made visible again at once when given back,
-  and, when refused, sent to the queue's dead-letter queue (its ``RedrivePolicy``) and deleted;
-  without a redrive policy it stays in the queue hidden for 12 hours, with an error logged.
+  and, when refused, sent with the reason to the queue's dead-letter queue (its
+  ``RedrivePolicy``), else to a queue ``<name>-refused`` (created when ``declare`` allows; a
+  queue without either is refused at start, exit 2), then deleted.
 
 URL: ``sqs+native://[KEY_ID:SECRET@][REGION][?endpoint_url=http://HOST:PORT]`` (credentials and
 region default to boto3's; ``endpoint_url`` for SQS-compatible servers). ``--queue`` is a queue
@@ -41,8 +42,6 @@ logger = logging.getLogger("django_inbox")
 
 #: SQS hands out at most this many messages per receive.
 MAX_BATCH = 10
-#: A refused message with no dead-letter queue is hidden this long (SQS's maximum).
-HIDE_REFUSED = 12 * 3600
 #: Error codes that no retry can help: the configuration must change.
 REFUSED_CODES = (
     "AWS.SimpleQueueService.NonExistentQueue",
@@ -116,6 +115,7 @@ class SqsDelivery:
             "delivery_count": count,
             "sqs_message_id": message.get("MessageId"),
         }
+        self.refused_because = "refused by inbox_consume"
 
     def ack(self) -> None:
         self._transport.call("delete_message", ReceiptHandle=self._receipt)
@@ -130,33 +130,20 @@ class SqsDelivery:
             self.requeue()
             return
         transport = self._transport
-        dead_letters = transport.dead_letter_queue()
-        if dead_letters is None:
-            logger.error(
-                "inbox_consume %s: refused SQS message %s; queue %s has no redrive policy, so "
-                "it stays there, hidden for %d hours: give the queue a dead-letter queue",
-                transport.subscription.consumer,
-                self.message.get("MessageId"),
-                transport.subscription.queue,
-                HIDE_REFUSED // 3600,
-            )
-            transport.call(
-                "change_message_visibility",
-                ReceiptHandle=self._receipt,
-                VisibilityTimeout=HIDE_REFUSED,
-            )
-            return
-        attributes = dict(self.message.get("MessageAttributes") or {})
-        attributes["x-inbox-refused"] = {
-            "DataType": "String",
-            "StringValue": "refused by inbox_consume: no usable message id",
+        target = transport.refused_queue
+        # The reason first: SQS takes at most 10 attributes, and it is the one that matters.
+        attributes = {
+            "x-inbox-refused": {"DataType": "String", "StringValue": self.refused_because[:1000]}
         }
+        for name, value in (self.message.get("MessageAttributes") or {}).items():
+            if len(attributes) < 10 and name != "x-inbox-refused":
+                attributes[name] = value
         sent: dict[str, Any] = {
-            "QueueUrl": dead_letters,
+            "QueueUrl": target,
             "MessageBody": self.message.get("Body") or "",
-            "MessageAttributes": dict(list(attributes.items())[:10]),  # SQS's limit
+            "MessageAttributes": attributes,
         }
-        if dead_letters.endswith(".fifo"):
+        if target.endswith(".fifo"):
             system = self.message.get("Attributes") or {}
             sent["MessageGroupId"] = system.get("MessageGroupId") or "refused"
             sent["MessageDeduplicationId"] = self.message["MessageId"]
@@ -182,7 +169,8 @@ class SqsTransport(Transport):
         self.visibility = max(math.ceil(subscription.lease), 1)
         self.client: Any = None
         self.queue_url = ""
-        self._dead_letters: list[str | None] = []  # empty: not looked up yet
+        #: Where refused messages go: the dead-letter queue, else ``<name>-refused``.
+        self.refused_queue = ""
 
     def call(self, operation: str, **arguments: Any) -> Any:
         """One SQS operation on the consumed queue, its errors translated."""
@@ -203,6 +191,7 @@ class SqsTransport(Transport):
                 config=Config(retries={"max_attempts": 2}, connect_timeout=5, read_timeout=30),
             )
             self.queue_url = self._queue_url()
+            self.refused_queue = self._refused_queue()
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _translated(exc) from exc
 
@@ -223,14 +212,39 @@ class SqsTransport(Transport):
         created: str = self.client.create_queue(QueueName=queue, Attributes=attributes)["QueueUrl"]
         return created
 
-    def dead_letter_queue(self) -> str | None:
-        """The URL of the queue's dead-letter queue (its ``RedrivePolicy``), or ``None``."""
-        if not self._dead_letters:
-            found = self.call("get_queue_attributes", AttributeNames=["RedrivePolicy"])
-            policy = (found.get("Attributes") or {}).get("RedrivePolicy")
-            target = json.loads(policy).get("deadLetterTargetArn") if policy else None
-            self._dead_letters = [self._url_of_arn(target) if target else None]
-        return self._dead_letters[0]
+    def _refused_queue(self) -> str:
+        """The queue's dead-letter queue (its ``RedrivePolicy``), else ``<name>-refused``
+        (created if ``declare``); :class:`SqsRefused` if neither exists."""
+        found = self.client.get_queue_attributes(
+            QueueUrl=self.queue_url, AttributeNames=["RedrivePolicy", "QueueArn"]
+        )
+        attributes = found.get("Attributes") or {}
+        policy = attributes.get("RedrivePolicy")
+        target = json.loads(policy).get("deadLetterTargetArn") if policy else None
+        if target:
+            return self._url_of_arn(target)
+        name = attributes.get("QueueArn", self.subscription.queue).rsplit(":", 1)[-1]
+        fifo = name.endswith(".fifo")
+        refused = name.removesuffix(".fifo") + "-refused" + (".fifo" if fifo else "")
+        try:
+            return str(self.client.get_queue_url(QueueName=refused)["QueueUrl"])
+        except botocore.exceptions.ClientError as exc:
+            if not isinstance(_translated(exc), SqsRefused) or not self.subscription.declare:
+                raise SqsRefused(
+                    f"queue {name!r} has no redrive policy and there is no queue {refused!r}: "
+                    "refused messages would have nowhere to go; give the queue a dead-letter "
+                    "queue"
+                ) from None
+        created = self.client.create_queue(
+            QueueName=refused, Attributes={"FifoQueue": "true"} if fifo else {}
+        )
+        logger.warning(
+            "inbox_consume %s: queue %s has no redrive policy; refused messages go to %s",
+            self.subscription.consumer,
+            name,
+            refused,
+        )
+        return str(created["QueueUrl"])
 
     def _url_of_arn(self, arn: str) -> str:
         parts = arn.split(":")  # arn:aws:sqs:REGION:ACCOUNT:NAME
@@ -249,6 +263,7 @@ class SqsTransport(Transport):
             VisibilityTimeout=self.visibility,
             MessageAttributeNames=["All"],
             MessageSystemAttributeNames=SYSTEM_ATTRIBUTES,
+            AttributeNames=SYSTEM_ATTRIBUTES,  # the older name, for servers that know only it
         )
         return [Received(SqsDelivery(self, message)) for message in found.get("Messages") or []]
 
