@@ -60,7 +60,7 @@ def test_duplicates_and_sigkilled_consumers_apply_each_effect_once(
     """Two consumers share the durable consumer while one of them is SIGKILLed every 1-3 s
     (10 times); what the killed ones held unacknowledged comes back after the lease (2 s for
     "stream") and is answered from the inbox."""
-    messages, expected = brokers.stream(brokers.STREAM_N, seed=21, sleep=0.02)
+    messages, expected = brokers.stream(1000, seed=21, sleep=0.02)
     jetstream.publish(stream, messages)
 
     kills = kill_at_random(lambda: consume(manage, stream, "--until-idle", "8"), random.Random(21))
@@ -85,7 +85,7 @@ def test_a_nats_server_killed_and_restarted_mid_run_loses_and_doubles_nothing(
 ) -> None:
     with jetstream.private_nats() as server:
         stream = jetstream.new_stream(server.url)
-        messages, expected = brokers.stream(1500, seed=22, sleep=0.005)
+        messages, expected = brokers.stream(800, seed=22, sleep=0.005)
         jetstream.publish(stream, messages)
         proc = consume(manage, stream, "--until-idle", "10")
         deadline = time.monotonic() + 60

@@ -56,7 +56,7 @@ def test_duplicates_and_sigkilled_consumers_apply_each_effect_once(
 ) -> None:
     """Two consumers in the group while one is SIGKILLed every 1-3 s (10 times): what a killed
     one had read stays pending and is claimed after the lease (2 s for "stream")."""
-    messages, expected = brokers.stream(brokers.STREAM_N, seed=31, sleep=0.02)
+    messages, expected = brokers.stream(1000, seed=31, sleep=0.02)
     streams.publish(stream, messages)
 
     kills = kill_at_random(lambda: consume(manage, stream, "--until-idle", "8"), random.Random(31))
@@ -79,7 +79,7 @@ def test_duplicates_and_sigkilled_consumers_apply_each_effect_once(
 def test_a_redis_killed_and_restarted_mid_run_loses_and_doubles_nothing(manage: Manage) -> None:
     with streams.private_redis() as server:
         stream = streams.new_stream(server.url)
-        messages, expected = brokers.stream(1500, seed=32, sleep=0.005)
+        messages, expected = brokers.stream(800, seed=32, sleep=0.005)
         streams.publish(stream, messages)
         proc = consume(manage, stream, "--until-idle", "10")
         deadline = time.monotonic() + 60
