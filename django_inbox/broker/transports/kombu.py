@@ -9,7 +9,6 @@ collects what one call delivered. Options (:attr:`Subscription.options`): ``exch
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from amqp.exceptions import AccessRefused, NotAllowed, NotFound, PreconditionFailed
@@ -38,6 +37,7 @@ class KombuTransport(Transport):
         self.connection_errors = (*connection.connection_errors, *connection.channel_errors)
         self._consumer: Consumer | None = None
         self._received: list[Received] = []
+        self._failed: Exception | None = None
 
     def open(self) -> None:
         self.connection.ensure_connection(max_retries=1)
@@ -51,9 +51,20 @@ class KombuTransport(Transport):
         self._consumer.consume()
 
     def receive(self, timeout: float) -> list[Received]:
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
         self._received = []
-        with contextlib.suppress(TimeoutError):
+        try:
             self.connection.drain_events(timeout=timeout)
+        except TimeoutError:
+            pass
+        except Exception as exc:
+            if not self._received:
+                raise
+            # Messages were handed over before the failure (kombu's SQS delivers a batch per
+            # call): they are handled first, and the failure is raised by the next call.
+            self._failed = exc
         received, self._received = self._received, []
         return received
 
