@@ -236,7 +236,7 @@ class BrokerConsumer:
                     # many in a row reconnect with backoff. Unacknowledged, it comes back.
                     if isinstance(exc, (*broken, BrokerUnavailable, DatabaseMisconfigured)):
                         raise
-                    self.faults.met(exc)
+                    self.faults.met(exc, settling=True)
             # A connection that reads, not one that was merely opened, ends the backoff:
             # one that fails on every entry keeps backing off.
             backoff.reset()

@@ -35,19 +35,32 @@ class TransportFaults:
         self.stats = stats
         self.in_a_row = 0
 
-    def met(self, exc: Exception) -> None:
-        """Log and count ``exc``; raise ``BrokerUnavailable`` after :data:`MAX_IN_A_ROW`."""
-        self.stats.unreadable += 1
+    def met(self, exc: Exception, *, settling: bool = False) -> None:
+        """Log and count ``exc``; raise ``BrokerUnavailable`` after :data:`MAX_IN_A_ROW`.
+
+        ``settling``: the failure was acknowledging or refusing a message the inbox had
+        decided (its decision is committed; unacknowledged, the broker delivers it again)."""
         self.in_a_row += 1
-        logger.error(
-            "inbox_consume %s: the %s transport failed on an entry of queue %s (%s); what "
-            "the inbox did not commit is not in it (kombu's Redis lists have removed an entry "
-            "they could not read; the other brokers deliver it again)",
-            self.consumer,
-            self.scheme,
-            self.queue_name,
-            exception_text(exc),
-        )
+        if settling:
+            logger.error(
+                "inbox_consume %s: the %s transport could not acknowledge or refuse a message "
+                "of queue %s (%s); its decision is committed, and the broker delivers it again",
+                self.consumer,
+                self.scheme,
+                self.queue_name,
+                exception_text(exc),
+            )
+        else:
+            self.stats.unreadable += 1
+            logger.error(
+                "inbox_consume %s: the %s transport could not read an entry of queue %s as a "
+                "message (%s); it is not in the inbox (kombu's Redis lists have removed it; "
+                "the other brokers deliver it again)",
+                self.consumer,
+                self.scheme,
+                self.queue_name,
+                exception_text(exc),
+            )
         if self.in_a_row >= MAX_IN_A_ROW:
             self.in_a_row = 0
             raise BrokerUnavailable(f"{MAX_IN_A_ROW} unreadable entries in a row") from exc
