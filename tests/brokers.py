@@ -224,6 +224,13 @@ def private_rabbitmq(startup_timeout: float = 120) -> Iterator[RabbitNode]:
         shutil.rmtree(home, ignore_errors=True)
 
 
+def finish(proc: subprocess.Popen[str], timeout: float = 300) -> str:
+    """Wait for a command the test started; its stdout, once it exited 0."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return out.strip()
+
+
 def summary_counts(out: str) -> dict[str, int]:
     """The counts of ``inbox_consume``'s last summary line (``acked 12 (processed 10,
     duplicate 2), refused 1, requeued 0, reconnects 0``): each name with its number, the

@@ -81,6 +81,7 @@ def _checked_own_url(url: str, scheme: str) -> str:
     from urllib.parse import urlsplit
 
     from ..broker.transports import transport_class
+    from ..broker.transports.base import masked
 
     try:
         parts = urlsplit(url)
@@ -104,10 +105,7 @@ def _checked_own_url(url: str, scheme: str) -> str:
             f"'django-transactional-inbox[{extra}]'",
             returncode=MISCONFIGURED,
         ) from None
-    if parts.password is None:
-        return url
-    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-    return parts._replace(netloc=f"{parts.username or ''}:**@{host}").geturl()
+    return masked(url)
 
 
 def amqp_name(option: str, value: str | None, *, empty: bool = True) -> None:

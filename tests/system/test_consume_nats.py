@@ -26,6 +26,7 @@ from tests.effects import effect_counts, lost_and_doubled
 pytestmark = [pytest.mark.server_db, pytest.mark.slow]
 Manage = Callable[..., subprocess.Popen[str]]
 Status = InboxMessage.Status
+finish = brokers.finish
 
 
 @pytest.fixture
@@ -42,12 +43,6 @@ def consume(
         "inbox_consume", "--consumer", consumer, "--queue", stream.subject,
         "--broker", stream.url, *args, env=env,
     )  # fmt: skip
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 300) -> str:
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, err[-3000:]
-    return out.strip()
 
 
 def owed(stream: jetstream.Stream, consumer: str = "stream") -> dict[str, int]:

@@ -26,6 +26,7 @@ from tests.effects import effect_counts, lost_and_doubled
 pytestmark = [pytest.mark.server_db, pytest.mark.slow]
 Manage = Callable[..., subprocess.Popen[str]]
 Status = InboxMessage.Status
+finish = brokers.finish
 NOTHING_OWED = {"lag": 0, "pending": 0}
 
 
@@ -43,12 +44,6 @@ def consume(
         "inbox_consume", "--consumer", consumer, "--queue", stream.name,
         "--broker", stream.broker, *args, env=env,
     )  # fmt: skip
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 300) -> str:
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, err[-3000:]
-    return out.strip()
 
 
 def test_duplicates_and_sigkilled_consumers_apply_each_effect_once(

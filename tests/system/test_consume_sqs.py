@@ -23,6 +23,7 @@ from tests.effects import lost_and_doubled
 pytestmark = [pytest.mark.server_db, pytest.mark.slow]
 Manage = Callable[..., subprocess.Popen[str]]
 Status = InboxMessage.Status
+finish = brokers.finish
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +39,6 @@ def consume(
         "inbox_consume", "--consumer", consumer, "--queue", queue.name,
         "--broker", queue.broker, *args, env=env,
     )  # fmt: skip
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 300) -> str:
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, err[-3000:]
-    return out.strip()
 
 
 def test_duplicates_and_sigkilled_consumers_apply_each_effect_once(

@@ -30,35 +30,30 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
+from urllib.parse import urlsplit
+
+from ..envelope import BrokerMessage
 
 
-class Delivery(Protocol):
+class Delivery(BrokerMessage, Protocol):
     """One message as a transport hands it over: what the envelope reads (kombu's message
-    attributes, which the other transports imitate) and what the loop does with it."""
-
-    @property
-    def body(self) -> Any: ...
-
-    @property
-    def content_type(self) -> str | None: ...
-
-    @property
-    def content_encoding(self) -> str | None: ...
-
-    @property
-    def headers(self) -> dict[str, Any] | None: ...
-
-    @property
-    def properties(self) -> dict[str, Any]: ...
-
-    @property
-    def delivery_info(self) -> dict[str, Any]: ...
+    attributes, :class:`~django_inbox.broker.envelope.BrokerMessage`, which the other
+    transports imitate) and what the loop does with it."""
 
     def ack(self) -> None: ...
 
     def reject(self, requeue: bool = False) -> None: ...
 
     def requeue(self) -> None: ...
+
+
+def masked(url: str) -> str:
+    """``url`` with its password, if any, written ``**``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return parts._replace(netloc=f"{parts.username or ''}:**@{host}").geturl()
 
 
 @dataclass

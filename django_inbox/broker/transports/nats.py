@@ -33,14 +33,13 @@ import re
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import nats
 import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from .base import Received, Subscription, Transport
+from .base import Received, Subscription, Transport, masked
 
 logger = logging.getLogger("django_inbox")
 T = TypeVar("T")
@@ -364,13 +363,7 @@ class NatsTransport(Transport):
             loop.close()
 
     def masked_url(self) -> str:
-        parts = urlsplit(self.url)
-        if parts.password is None:
-            return self.url
-        host = parts.hostname or ""
-        if parts.port:
-            host = f"{host}:{parts.port}"
-        return urlunsplit(parts._replace(netloc=f"{parts.username}:**@{host}"))
+        return masked(self.url)
 
     def describe(self) -> str:
         declared = "created if missing" if self.subscription.declare else "must exist"

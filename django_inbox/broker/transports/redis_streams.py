@@ -33,12 +33,11 @@ import socket
 import time
 import uuid
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 import redis.exceptions
 
-from .base import Received, Subscription, Transport
+from .base import Received, Subscription, Transport, masked
 
 logger = logging.getLogger("django_inbox")
 
@@ -266,11 +265,7 @@ class RedisStreamsTransport(Transport):
             client.close()
 
     def masked_url(self) -> str:
-        parts = urlsplit(self.url)
-        if parts.password is None:
-            return self.url
-        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-        return parts._replace(netloc=f"{parts.username or ''}:**@{host}").geturl()
+        return masked(self.url)
 
     def describe(self) -> str:
         declared = "group created if missing" if self.subscription.declare else "group must exist"

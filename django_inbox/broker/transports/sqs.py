@@ -36,7 +36,7 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-from .base import Received, Subscription, Transport
+from .base import Received, Subscription, Transport, masked
 
 logger = logging.getLogger("django_inbox")
 
@@ -274,11 +274,7 @@ class SqsTransport(Transport):
                 client.close()
 
     def masked_url(self) -> str:
-        parts = urlsplit(self.url)
-        if parts.password is None:
-            return self.url
-        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-        return parts._replace(netloc=f"{parts.username or ''}:**@{host}").geturl()
+        return masked(self.url)
 
     def describe(self) -> str:
         declared = "created if missing" if self.subscription.declare else "must exist"
