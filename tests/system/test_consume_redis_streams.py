@@ -217,15 +217,25 @@ def test_sigterm_gives_back_what_was_read_at_once(manage: Manage, stream: stream
 def test_a_refusal_whose_copy_cannot_be_kept_is_not_acknowledged(
     manage: Manage, stream: streams.Stream
 ) -> None:
-    """<stream>:dead holds a string: the copy fails, so the entry is not acknowledged (and
-    stays pending), and the consumer goes on with the others."""
+    """<stream>:dead holds a string: the copy fails, so the entry is not acknowledged. It stays
+    pending (claimed again after each lease, and refused again, logged each time) while the
+    consumer goes on with the others."""
     stream.client().set(f"{stream.name}:dead", "not a stream")
     healthy, expected = brokers.stream(20, seed=35)
     streams.publish(stream, [{"id": None, "type": "effect.write", "body": {}}, *healthy])
 
-    out = finish(consume(manage, stream, "--until-idle", "3"))
+    proc = consume(manage, stream)
+    deadline = time.monotonic() + 60
+    while lost_and_doubled(expected, "stream")[0]:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    time.sleep(3)  # past the 2 s lease: the refused entry has been claimed and tried again
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
 
+    assert proc.returncode == 0, err[-3000:]
     assert lost_and_doubled(expected, "stream") == (0, 0), out
+    assert err.count("could not acknowledge or refuse a message") >= 2, err[-3000:]
     assert streams.owed(stream, "stream") == {"lag": 0, "pending": 1}
 
 
