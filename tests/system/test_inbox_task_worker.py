@@ -99,7 +99,15 @@ def test_duplicates_and_killed_workers_apply_each_task_once(
 ) -> None:
     """Tasks with 30% sent twice under the same ``idempotency_key``, while the worker is
     SIGKILLed mid-task and restarted (10 times on RabbitMQ, 4 on Redis, whose redeliveries
-    wait for the visibility timeout): each key's effect once, every row completed."""
+    wait for the visibility timeout): each key's effect once, every row completed.
+
+    The beat runs, as in a deployment: a redelivery that finds its row still held by the
+    killed process's lease (a new worker up within the 2 s lease) is answered ``in_progress``
+    and acknowledged, and the ``process_due`` task finishes that row after the lease. Without
+    it the test depended on every new worker starting slower than the lease (it failed once
+    in three runs with two test lanes sharing the machine)."""
+    workers.env["INBOX_BEAT_PROCESS_EVERY"] = "0.5"
+    workers.env["INBOX_BEAT_RECLAIM_EVERY"] = "1.0"
     rng = random.Random(31)
     rabbit = broker.startswith("amqp")
     count, kills = (2000, 10) if rabbit else (400, 4)
@@ -116,6 +124,7 @@ def test_duplicates_and_killed_workers_apply_each_task_once(
         )
 
     worker = workers.worker(concurrency=3)
+    workers.beat("beat")
     killed = 0
     while killed < kills:
         time.sleep(rng.uniform(1.0, 2.0))
