@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from django_inbox.broker.transports.nats import durable_name
+from django_inbox.broker.transports.nats_messages import durable_name
 from django_inbox.models import InboxMessage
 from tests import brokers
 from tests import nats_support as jetstream
