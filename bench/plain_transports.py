@@ -1,13 +1,16 @@
 #!/usr/bin/env python
 """Plain consumers of figure 12 (``bench/transports.py``), one per client, without the inbox.
 
-``python bench/plain_transports.py KIND URL QUEUE PREFETCH UNTIL_IDLE`` with KIND ``nats``
+``python bench/plain_transports.py KIND URL QUEUE PREFETCH UNTIL_IDLE [floor]`` with KIND ``nats``
 (nats-py, a durable pull consumer, fetch then ack), ``redis-streams`` (redis-py,
 ``XREADGROUP`` then ``XACK``) or ``sqs`` (boto3, ``ReceiveMessage`` then ``DeleteMessage``).
 Each message: ``close_old_connections()``, ``json.loads`` of the body, the benchmark handler's
 body (one single-row UPDATE) in ``transaction.atomic()``, then the acknowledgement, after the
-commit: what ``inbox_consume`` does, without the inbox. It prints one JSON line: messages
-handled and the wall-clock time at which the first and the last began.
+commit: what ``inbox_consume`` does, without the inbox. With ``floor``, each transaction also
+sends the inbox's own insert (the same statement, prepared, on the same connection, with no
+Python of the inbox around it): the fastest any inbox writing one row per message can be with
+this client, the floor figure 12 sets beside ``inbox_consume``. It prints one JSON line:
+messages handled and the wall-clock time at which the first and the last began.
 """
 
 from __future__ import annotations
@@ -32,13 +35,32 @@ def main() -> None:
     import django
 
     django.setup()
-    from django.db import close_old_connections, transaction
+    import datetime as dt
+    import os
 
+    from django.db import close_old_connections, connection, transaction
+
+    from bench.deliver import RawPsycopg
     from bench.inbox_handlers import take_one
 
     kind, url, queue = sys.argv[1], sys.argv[2], sys.argv[3]
     prefetch, until_idle = int(sys.argv[4]), float(sys.argv[5])
+    floor = sys.argv[6:] == ["floor"]
     state: dict[str, Any] = {"count": 0, "first": None, "last": None}
+
+    def insert_row(body: str) -> None:
+        """The inbox's insert, sent raw on Django's connection, prepared."""
+        connection.ensure_connection()
+        raw = connection.connection
+        if raw.prepare_threshold is None:  # Django's default: explicit prepare=True then works
+            raw.prepare_threshold = 2**31
+        now = dt.datetime.now(dt.UTC)
+        message_id = f"floor-{os.getpid()}-{state['count']}"
+        cursor = raw.cursor()
+        params = ("bench-raw", message_id, "bench.take", body, now, now, now)
+        cursor.execute(RawPsycopg.INSERT, params, prepare=True)
+        if cursor.fetchone() is None:
+            raise RuntimeError("the floor's insert found a duplicate")
 
     def handle(body: bytes | str) -> None:
         began = time.time()
@@ -48,6 +70,8 @@ def main() -> None:
         close_old_connections()
         payload = json.loads(body)
         with transaction.atomic():
+            if floor:
+                insert_row(body if isinstance(body, str) else body.decode())
             take_one(SimpleNamespace(payload=payload))
         state["count"] += 1
 

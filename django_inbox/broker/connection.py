@@ -213,6 +213,7 @@ class BrokerConsumer:
         broken = transport.connection_errors
         self.acker.broken = broken
         while not self._finished():
+            self._flush_acks(transport)
             try:
                 # While a batch is open, take only what is already here, then commit it.
                 received = transport.receive(timeout=0 if self.acker.pending else self.tick)
@@ -242,6 +243,17 @@ class BrokerConsumer:
             backoff.reset()
             self._between_messages()
         self.acker.flush()
+        self._flush_acks(transport)
+
+    def _flush_acks(self, transport: Transport) -> None:
+        """Send the acknowledgements the transport holds (of committed messages) before it
+        waits for more, and before the loop stops."""
+        try:
+            transport.flush_acks()
+        except Exception as exc:
+            if isinstance(exc, (*transport.connection_errors, BrokerUnavailable)):
+                raise
+            self.faults.met(exc, settling=True)
 
     def _stopping(self) -> bool:
         """No new message may start: a stop was asked for, or ``max_messages`` are taken."""

@@ -14,6 +14,17 @@ commit, ``--ack``, ``--commit-every``) are shared. A transport only moves messag
 - :meth:`Transport.idle` keeps the connection alive between waits;
 - :meth:`Transport.close` lets go; what was not acknowledged is redelivered by the broker.
 
+Where the broker takes several acknowledgements in one call (``XACK`` with many ids, SQS's
+``DeleteMessageBatch``, JetStream's acks sent in one hop to the client's thread), a transport
+holds them (:meth:`Transport.hold_ack`) and sends them together: when
+:attr:`~Transport.ack_batch` are held, when the oldest has waited :data:`ACK_DELAY` seconds,
+and whenever the loop calls :meth:`Transport.flush_acks` (before each receive and before it
+stops). Each
+was committed before it was held, so an acknowledgement lost with a killed process or a broken
+connection only makes the broker deliver a committed message again, which the inbox answers
+as a duplicate: a plain consumer cannot wait like this, since each redelivery would run its
+handler again.
+
 A transport says which of its errors mean a lost connection (:attr:`Transport.connection_errors`,
 reconnected with backoff) and which a refusal of the configuration
 (:attr:`Transport.refusals`: exit 2 when opening; an error of one delivery's acknowledgement
@@ -26,6 +37,7 @@ that can keep a refusal's reason has a ``refused_because`` attribute, which the 
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +45,9 @@ from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
 from ..envelope import BrokerMessage
+
+#: Seconds the oldest held acknowledgement may wait for the others of its batch.
+ACK_DELAY = 1.0
 
 
 class Delivery(BrokerMessage, Protocol):
@@ -100,6 +115,10 @@ class Transport(ABC):
         self.connection_errors: tuple[type[BaseException], ...] = ()
         #: Errors meaning the broker refused the configuration: the command exits 2.
         self.refusals: tuple[type[BaseException], ...] = ()
+        #: Acknowledgements sent in one call at most (1: each is sent at once).
+        self.ack_batch = 1
+        self._held: list[Any] = []
+        self._held_since = 0.0
 
     @abstractmethod
     def open(self) -> None:
@@ -109,6 +128,28 @@ class Transport(ABC):
     @abstractmethod
     def receive(self, timeout: float) -> list[Received]:
         """What arrived, waiting at most ``timeout`` seconds; ``[]`` when nothing did."""
+
+    def hold_ack(self, item: Any) -> None:
+        """Acknowledge ``item`` (whatever :meth:`send_acks` takes) with the next batch."""
+        if self.ack_batch <= 1:
+            self.send_acks([item])
+            return
+        if not self._held:
+            self._held_since = time.monotonic()
+        self._held.append(item)
+        if len(self._held) >= self.ack_batch or time.monotonic() - self._held_since >= ACK_DELAY:
+            self.flush_acks()
+
+    def flush_acks(self) -> None:
+        """Send the held acknowledgements now (the loop calls this before it stops)."""
+        held, self._held = self._held, []
+        if held:
+            self.send_acks(held)
+
+    def send_acks(self, items: list[Any]) -> None:
+        """Acknowledge ``items`` at the broker, in as few calls as it allows (transports that
+        hold acknowledgements implement it)."""
+        raise NotImplementedError
 
     def idle(self) -> None:  # noqa: B027 (most transports need nothing)
         """Nothing arrived and nothing is pending: keep the connection alive."""

@@ -76,6 +76,12 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+async def _ack_all(messages: list[Any]) -> None:
+    """Acknowledge JetStream ``messages`` (each ack is a publish to the client's buffer)."""
+    for message in messages:
+        await message.ack()
+
+
 class NatsTransport(Transport):
     schemes = ("nats",)
 
@@ -92,6 +98,8 @@ class NatsTransport(Transport):
         self._js: Any = None
         #: The stream's retention policy (``limits``, ``interest``, ``workqueue``).
         self.retention = ""
+        # Acks held and sent in one hop to the client's thread.
+        self.ack_batch = max(subscription.prefetch, 1)
 
     # -- the client's thread ----------------------------------------------------------------
 
@@ -260,6 +268,9 @@ class NatsTransport(Transport):
                 await message.nak(delay=3600)
                 return
         await message.term()
+
+    def send_acks(self, items: list[Any]) -> None:
+        self._call(_ack_all(items))
 
     def receive(self, timeout: float) -> list[Received]:
         wait = max(timeout, MIN_FETCH)

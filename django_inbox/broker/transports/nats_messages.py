@@ -68,7 +68,7 @@ class NatsDelivery:
         }
 
     def ack(self) -> None:
-        self._transport._call(self._message.ack())
+        self._transport.hold_ack(self._message)
 
     def reject(self, requeue: bool = False) -> None:
         if requeue:

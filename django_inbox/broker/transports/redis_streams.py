@@ -87,7 +87,7 @@ class StreamDelivery:
         return None
 
     def ack(self) -> None:
-        self._transport.client.xack(self._transport.stream, self._transport.group, self.entry_id)
+        self._transport.hold_ack(self.entry_id)
 
     def reject(self, requeue: bool = False) -> None:
         if requeue:
@@ -137,6 +137,7 @@ class RedisStreamsTransport(Transport):
         self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.lease_ms = max(int(subscription.lease * 1000), 1)
         self.client: Any = None
+        self.ack_batch = max(subscription.prefetch, 1)  # one XACK for a batch's entries
         self._claimed_at = 0.0
         self._claim_from = "0-0"
 
@@ -193,6 +194,9 @@ class RedisStreamsTransport(Transport):
         for consumer in consumers:
             if consumer["pending"] == 0 and consumer["idle"] > STALE_CONSUMER_MS:
                 self.client.xgroup_delconsumer(self.stream, self.group, consumer["name"])
+
+    def send_acks(self, items: list[Any]) -> None:
+        self.client.xack(self.stream, self.group, *items)
 
     def receive(self, timeout: float) -> list[Received]:
         now = time.monotonic()

@@ -118,7 +118,7 @@ class SqsDelivery:
         self.refused_because = "refused by inbox_consume"
 
     def ack(self) -> None:
-        self._transport.call("delete_message", ReceiptHandle=self._receipt)
+        self._transport.hold_ack(self._receipt)
 
     def requeue(self) -> None:
         self._transport.call(
@@ -167,6 +167,7 @@ class SqsTransport(Transport):
         self.key_id = unquote(parts.username) if parts.username else None
         self.secret = unquote(parts.password) if parts.password else None
         self.visibility = max(math.ceil(subscription.lease), 1)
+        self.ack_batch = MAX_BATCH  # DeleteMessageBatch takes ten
         self.client: Any = None
         self.queue_url = ""
         #: Where refused messages go: the dead-letter queue, else ``<name>-refused``.
@@ -253,6 +254,23 @@ class SqsTransport(Transport):
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _translated(exc) from exc
         return str(found["QueueUrl"])
+
+    def send_acks(self, items: list[Any]) -> None:
+        failed: list[dict[str, Any]] = []
+        for start in range(0, len(items), MAX_BATCH):
+            chunk = items[start : start + MAX_BATCH]
+            entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(chunk)]
+            found = self.call("delete_message_batch", Entries=entries)
+            failed += found.get("Failed") or []
+        if failed:
+            # Committed messages the queue will deliver again (answered as duplicates then).
+            logger.warning(
+                "inbox_consume %s: SQS did not delete %d acknowledged message(s) (%s); they "
+                "will be delivered again and answered as duplicates",
+                self.subscription.consumer,
+                len(failed),
+                "; ".join(f"{f.get('Code')}: {f.get('Message')}" for f in failed[:3]),
+            )
 
     def receive(self, timeout: float) -> list[Received]:
         wait = 0 if timeout <= 0 else min(max(math.ceil(timeout), 1), 20)
