@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Plain consumers of figure 12 (``bench/transports.py``), one per client, without the inbox.
 
-``python bench/plain_transports.py KIND URL QUEUE PREFETCH UNTIL_IDLE [floor]`` with KIND ``nats``
+``python bench/plain_transports.py KIND URL QUEUE PREFETCH UNTIL_IDLE [floor]`` with KIND ``amqp``
+(kombu, ``drain_events`` then ``ack``, as ``bench/consume.py``), ``nats``
 (nats-py, a durable pull consumer, fetch then ack), ``redis-streams`` (redis-py,
 ``XREADGROUP`` then ``XACK``) or ``sqs`` (boto3, ``ReceiveMessage`` then ``DeleteMessage``).
 Each message: ``close_old_connections()``, ``json.loads`` of the body, the benchmark handler's
@@ -9,7 +10,8 @@ body (one single-row UPDATE) in ``transaction.atomic()``, then the acknowledgeme
 commit: what ``inbox_consume`` does, without the inbox. With ``floor``, each transaction also
 sends the inbox's own insert (the same statement, prepared, on the same connection, with no
 Python of the inbox around it): the fastest any inbox writing one row per message can be with
-this client, the floor figure 12 sets beside ``inbox_consume``. It prints one JSON line:
+this client, the floor figure 12 sets beside ``inbox_consume``. Its insert goes with the
+transaction's ``BEGIN`` in one round trip, as the inbox's does. It prints one JSON line:
 messages handled and the wall-clock time at which the first and the last began.
 """
 
@@ -49,7 +51,8 @@ def main() -> None:
     state: dict[str, Any] = {"count": 0, "first": None, "last": None}
 
     def insert_row(body: str) -> None:
-        """The inbox's insert, sent raw on Django's connection, prepared."""
+        """The inbox's insert, sent raw on Django's connection, prepared, in the round trip of
+        the transaction's BEGIN (as ``inbox_consume`` sends it)."""
         connection.ensure_connection()
         raw = connection.connection
         if raw.prepare_threshold is None:  # Django's default: explicit prepare=True then works
@@ -58,7 +61,10 @@ def main() -> None:
         message_id = f"floor-{os.getpid()}-{state['count']}"
         cursor = raw.cursor()
         params = ("bench-raw", message_id, "bench.take", body, now, now, now)
-        cursor.execute(RawPsycopg.INSERT, params, prepare=True)
+        raw.autocommit = True  # atomic() has sent nothing yet: BEGIN goes in the pipeline
+        with raw.pipeline():
+            raw.execute("BEGIN")
+            cursor.execute(RawPsycopg.INSERT, params, prepare=True)
         if cursor.fetchone() is None:
             raise RuntimeError("the floor's insert found a duplicate")
 
@@ -98,6 +104,23 @@ def main() -> None:
                 last = time.monotonic()
         loop.run_until_complete(client.flush())
         loop.run_until_complete(client.close())
+    elif kind == "amqp":
+        from kombu import Connection, Queue
+
+        def on_message(message: Any) -> None:
+            nonlocal last
+            handle(message.body)
+            message.ack()
+            last = time.monotonic()
+
+        with Connection(url) as broker:
+            bound = Queue(queue, routing_key=queue, durable=True)
+            with broker.Consumer([bound], on_message=on_message, prefetch_count=prefetch):
+                while time.monotonic() - last < until_idle:
+                    try:
+                        broker.drain_events(timeout=0.5)
+                    except TimeoutError:
+                        broker.heartbeat_check()
     elif kind == "redis-streams":
         import redis
 

@@ -4,12 +4,15 @@ server cannot keep prepared statements (a pooler in transaction mode, a schema c
 from __future__ import annotations
 
 import logging
+import tempfile
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.backends.postgresql.base import DatabaseWrapper
 from django.test import override_settings
+from effects.models import Effect
+from psycopg import IsolationLevel, pq
 
 from django_inbox import Outcome, deliver
 from django_inbox.db import preparing, statements
@@ -193,3 +196,111 @@ def test_prepared_reads_give_timestamps_in_the_connections_time_zone_as_it_chang
     again = claim_batch("effects", 2)
     assert all(row.received_at.tzinfo is not None for row in again)
     assert connection.connection in preparing.state.adopted  # they came through it
+
+
+# -- the transaction's BEGIN sent with the inbox's insert ---------------------------------------
+
+
+def wire(fn: Any) -> list[str]:
+    """What ``fn`` sends and receives on the default connection (libpq's trace)."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.NamedTemporaryFile("w+", suffix=".trace") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            fn()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        return trace.read().splitlines()
+
+
+def round_trips(lines: list[str]) -> int:
+    return sum(1 for line in lines if line.startswith("B\t") and "\tReadyForQuery\t" in line)
+
+
+def test_a_new_message_costs_no_round_trip_more_than_its_handler_in_a_bare_atomic() -> None:
+    """BEGIN goes in the same sync as the inbox's insert: a new message's transaction makes as
+    many round trips as the handler's own statements in ``transaction.atomic()``."""
+    send("warm-up")  # the statements' first use (the identity index's check, preparing)
+    delivered = wire(lambda: send("a"))
+
+    def bare() -> None:
+        with transaction.atomic():
+            Effect.objects.create(consumer="bare", message_id="a", attempt=1, pid=0)
+
+    assert round_trips(delivered) == round_trips(wire(bare)) == 3, delivered
+    sent = [line.split("\t")[2] for line in delivered if line.startswith("F\t")]
+    assert sent.index("Sync") > sent.index("Execute") + 1, "BEGIN and the insert before one sync"
+    assert effect_counts() == {"warm-up": 1, "a": 1}
+    assert connection.get_autocommit() and connection.connection.autocommit
+
+
+def test_a_failing_handler_rolls_back_the_insert_opened_with_the_begin() -> None:
+    send("warm-up")
+    outcome = deliver(
+        consumer="effects", message_id="f", event_type="effect.write", payload={"fail_always": 1}
+    )
+
+    assert outcome == Outcome.FAILED
+    row = InboxMessage.objects.get(message_id="f")
+    assert (row.status, row.attempts) == ("failed", 1), "recorded in a transaction of its own"
+    assert effect_counts() == {"warm-up": 1}, "the handler's write went with the rollback"
+    # psycopg is left as atomic() expects it: the next plain atomic() still rolls back whole.
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Effect.objects.create(consumer="plain", message_id="x", attempt=1, pid=0)
+        raise RuntimeError("undo")
+    assert not Effect.objects.filter(consumer="plain").exists()
+
+
+def test_an_insert_refused_by_another_index_is_a_database_error_and_stores_nothing() -> None:
+    """The insert's error arrives when the pipeline syncs: still Django's IntegrityError (not
+    psycopg's), with nothing stored and the connection usable."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE UNIQUE INDEX test_one_key ON \"{TABLE}\" (key) WHERE key <> ''")
+    try:
+        send("warm-up")
+        first = deliver(
+            consumer="effects", message_id="k1", event_type="effect.write", payload={}, key="same"
+        )
+        with pytest.raises(IntegrityError):
+            deliver(
+                consumer="effects",
+                message_id="k2",
+                event_type="effect.write",
+                payload={},
+                key="same",
+            )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP INDEX test_one_key")
+
+    assert first == Outcome.PROCESSED
+    assert not InboxMessage.objects.filter(message_id="k2").exists()
+    assert effect_counts() == {"warm-up": 1, "k1": 1}
+    assert send("after") == Outcome.PROCESSED
+
+
+def test_inside_the_callers_own_transaction_the_insert_joins_it() -> None:
+    """deliver() in a transaction that has begun (a view under ATOMIC_REQUESTS): the insert is
+    sent as usual, and the caller's rollback takes the row and the handler's write with it."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        InboxMessage.objects.exists()  # the caller's own first statement
+        assert send("inside") == Outcome.PROCESSED
+        raise RuntimeError("the caller fails")
+
+    assert not InboxMessage.objects.filter(message_id="inside").exists()
+    assert effect_counts() == {}
+
+
+def test_an_isolation_level_of_the_settings_keeps_psycopgs_own_begin() -> None:
+    connection.ensure_connection()
+    connection.connection.isolation_level = IsolationLevel.REPEATABLE_READ
+    try:
+        lines = wire(lambda: send("rr"))
+    finally:
+        connection.connection.isolation_level = None
+    queries = [line for line in lines if line.startswith("F\t") and "\tQuery\t" in line]
+    assert any("BEGIN ISOLATION LEVEL REPEATABLE READ" in line for line in queries), lines
+    assert effect_counts() == {"rr": 1}
