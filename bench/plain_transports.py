@@ -10,8 +10,7 @@ body (one single-row UPDATE) in ``transaction.atomic()``, then the acknowledgeme
 commit: what ``inbox_consume`` does, without the inbox. With ``floor``, each transaction also
 sends the inbox's own insert (the same statement, prepared, on the same connection, with no
 Python of the inbox around it): the fastest any inbox writing one row per message can be with
-this client, the floor figure 12 sets beside ``inbox_consume``. Its insert goes with the
-transaction's ``BEGIN`` in one round trip, as the inbox's does. It prints one JSON line:
+this client, the floor figure 12 sets beside ``inbox_consume``. It prints one JSON line:
 messages handled and the wall-clock time at which the first and the last began.
 """
 
@@ -51,8 +50,7 @@ def main() -> None:
     state: dict[str, Any] = {"count": 0, "first": None, "last": None}
 
     def insert_row(body: str) -> None:
-        """The inbox's insert, sent raw on Django's connection, prepared, in the round trip of
-        the transaction's BEGIN (as ``inbox_consume`` sends it)."""
+        """The inbox's insert, sent raw on Django's connection, prepared."""
         connection.ensure_connection()
         raw = connection.connection
         if raw.prepare_threshold is None:  # Django's default: explicit prepare=True then works
@@ -61,10 +59,7 @@ def main() -> None:
         message_id = f"floor-{os.getpid()}-{state['count']}"
         cursor = raw.cursor()
         params = ("bench-raw", message_id, "bench.take", body, now, now, now)
-        raw.autocommit = True  # atomic() has sent nothing yet: BEGIN goes in the pipeline
-        with raw.pipeline():
-            raw.execute("BEGIN")
-            cursor.execute(RawPsycopg.INSERT, params, prepare=True)
+        cursor.execute(RawPsycopg.INSERT, params, prepare=True)
         if cursor.fetchone() is None:
             raise RuntimeError("the floor's insert found a duplicate")
 

@@ -40,8 +40,6 @@ from __future__ import annotations
 import logging
 import random
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from django.db import connections
@@ -129,11 +127,8 @@ try:  # psycopg 3 is optional: without it (psycopg 2, SQLite, MySQL) nothing is 
                 raise
 
     _AVAILABLE = True
-    #: psycopg's pipeline mode needs libpq 14 or later.
-    _PIPELINES = psycopg.Pipeline.is_supported()
 except ImportError:  # pragma: no cover - psycopg 2 only
     _AVAILABLE = False
-    _PIPELINES = False
 
 
 def _prepared_statement_trouble(exc: BaseException) -> bool:
@@ -223,63 +218,6 @@ def cursor(using: str) -> Any:
         if seen[1]:
             _register_time_zone(zone, created)
         return connection._prepare_cursor(created)
-
-
-@contextmanager
-def opening(using: str) -> Iterator[None]:
-    """Send the ``BEGIN`` of the caller's transaction together with the statement the block
-    executes: one round trip instead of two.
-
-    Django's ``atomic()`` leaves the transaction's start to psycopg, which sends ``BEGIN`` as a
-    round trip of its own before the first statement (also in its pipeline mode, which syncs
-    after it). The inbox's insert is the first statement of the transaction that runs a new
-    message's handler, so that round trip would be the only one a bare ``atomic()`` around the
-    handler does not pay. Where the connection is exactly as ``atomic()`` left it (no
-    statement sent yet, psycopg's plain ``BEGIN`` with no isolation level, read-only or
-    deferrable of its own, pipelines supported), psycopg is told not to open the transaction
-    (``autocommit``, allowed while nothing is open), and the block's statement is sent in a
-    pipeline after an explicit ``BEGIN``, with one sync. The server is then inside the
-    transaction, and everything after runs in it: psycopg sends no ``BEGIN`` in autocommit,
-    commits and rolls back whatever the server has open, and ``atomic()`` sets autocommit on
-    at its end as usual. If nothing was opened (an error before the ``BEGIN`` was sent),
-    psycopg gets its usual autocommit back. Elsewhere the block runs as it is.
-    """
-    connection: Any = connections[using]
-    raw = connection.connection
-    if not _may_open(connection, raw):
-        yield
-        return
-    raw.autocommit = True  # nothing is open: allowed, and psycopg sends no BEGIN of its own
-    try:
-        with connection.wrap_database_errors:
-            try:
-                with raw.pipeline():
-                    raw.execute("BEGIN", prepare=False)
-                    yield
-            except psycopg.Error as exc:
-                if _prepared_statement_trouble(exc):
-                    _stop(exc)
-                    setattr(exc, MARK, True)  # the transaction is lost: see the module
-                raise
-    finally:
-        if raw.info.transaction_status == pq.TransactionStatus.IDLE:
-            raw.autocommit = False
-
-
-def _may_open(connection: Any, raw: Any) -> bool:
-    return bool(
-        _PIPELINES
-        and connection.in_atomic_block
-        and not connection.get_autocommit()
-        and not connection.queries_logged
-        and _enabled(connection)
-        and raw is not None
-        and not raw.autocommit
-        and raw.info.transaction_status == pq.TransactionStatus.IDLE
-        and raw.isolation_level is None
-        and raw.read_only is None
-        and raw.deferrable is None
-    )
 
 
 def _adopt(connection: Any, raw: Any) -> None:

@@ -4,7 +4,6 @@ server cannot keep prepared statements (a pooler in transaction mode, a schema c
 from __future__ import annotations
 
 import logging
-import tempfile
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.db.backends.postgresql.base import DatabaseWrapper
 from django.test import override_settings
 from effects.models import Effect
-from psycopg import IsolationLevel, pq
 
 from django_inbox import Outcome, deliver
 from django_inbox.db import preparing, statements
@@ -198,46 +196,10 @@ def test_prepared_reads_give_timestamps_in_the_connections_time_zone_as_it_chang
     assert connection.connection in preparing.state.adopted  # they came through it
 
 
-# -- the transaction's BEGIN sent with the inbox's insert ---------------------------------------
+# -- the prepared insert inside deliver()'s transaction -------------------------------------------
 
 
-def wire(fn: Any) -> list[str]:
-    """What ``fn`` sends and receives on the default connection (libpq's trace)."""
-    connection.ensure_connection()
-    pgconn = connection.connection.pgconn
-    with tempfile.NamedTemporaryFile("w+", suffix=".trace") as trace:
-        pgconn.trace(trace.fileno())
-        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-        try:
-            fn()
-        finally:
-            pgconn.untrace()
-        trace.seek(0)
-        return trace.read().splitlines()
-
-
-def round_trips(lines: list[str]) -> int:
-    return sum(1 for line in lines if line.startswith("B\t") and "\tReadyForQuery\t" in line)
-
-
-def test_a_new_message_costs_no_round_trip_more_than_its_handler_in_a_bare_atomic() -> None:
-    """BEGIN goes in the same sync as the inbox's insert: a new message's transaction makes as
-    many round trips as the handler's own statements in ``transaction.atomic()``."""
-    send("warm-up")  # the statements' first use (the identity index's check, preparing)
-    delivered = wire(lambda: send("a"))
-
-    def bare() -> None:
-        with transaction.atomic():
-            Effect.objects.create(consumer="bare", message_id="a", attempt=1, pid=0)
-
-    assert round_trips(delivered) == round_trips(wire(bare)) == 3, delivered
-    sent = [line.split("\t")[2] for line in delivered if line.startswith("F\t")]
-    assert sent.index("Sync") > sent.index("Execute") + 1, "BEGIN and the insert before one sync"
-    assert effect_counts() == {"warm-up": 1, "a": 1}
-    assert connection.get_autocommit() and connection.connection.autocommit
-
-
-def test_a_failing_handler_rolls_back_the_insert_opened_with_the_begin() -> None:
+def test_a_failing_handler_rolls_back_the_prepared_insert_with_its_writes() -> None:
     send("warm-up")
     outcome = deliver(
         consumer="effects", message_id="f", event_type="effect.write", payload={"fail_always": 1}
@@ -247,7 +209,7 @@ def test_a_failing_handler_rolls_back_the_insert_opened_with_the_begin() -> None
     row = InboxMessage.objects.get(message_id="f")
     assert (row.status, row.attempts) == ("failed", 1), "recorded in a transaction of its own"
     assert effect_counts() == {"warm-up": 1}, "the handler's write went with the rollback"
-    # psycopg is left as atomic() expects it: the next plain atomic() still rolls back whole.
+    # The connection is left as atomic() expects it: the next atomic() still rolls back whole.
     with pytest.raises(RuntimeError), transaction.atomic():
         Effect.objects.create(consumer="plain", message_id="x", attempt=1, pid=0)
         raise RuntimeError("undo")
@@ -255,8 +217,8 @@ def test_a_failing_handler_rolls_back_the_insert_opened_with_the_begin() -> None
 
 
 def test_an_insert_refused_by_another_index_is_a_database_error_and_stores_nothing() -> None:
-    """The insert's error arrives when the pipeline syncs: still Django's IntegrityError (not
-    psycopg's), with nothing stored and the connection usable."""
+    """A unique index of the user's refuses the prepared insert: Django's IntegrityError (not
+    psycopg's, and not a duplicate), with nothing stored and the connection usable."""
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE UNIQUE INDEX test_one_key ON \"{TABLE}\" (key) WHERE key <> ''")
     try:
@@ -292,15 +254,3 @@ def test_inside_the_callers_own_transaction_the_insert_joins_it() -> None:
 
     assert not InboxMessage.objects.filter(message_id="inside").exists()
     assert effect_counts() == {}
-
-
-def test_an_isolation_level_of_the_settings_keeps_psycopgs_own_begin() -> None:
-    connection.ensure_connection()
-    connection.connection.isolation_level = IsolationLevel.REPEATABLE_READ
-    try:
-        lines = wire(lambda: send("rr"))
-    finally:
-        connection.connection.isolation_level = None
-    queries = [line for line in lines if line.startswith("F\t") and "\tQuery\t" in line]
-    assert any("BEGIN ISOLATION LEVEL REPEATABLE READ" in line for line in queries), lines
-    assert effect_counts() == {"rr": 1}

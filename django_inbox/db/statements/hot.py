@@ -105,8 +105,7 @@ def insert(row: NewRow, now: datetime, using: str) -> int | None:
         return _insert_with_savepoint(row, now, using)
     shape, params = _shape(row, now, connection)
     with _inserting(using), preparing.cursor(using) as cursor:
-        with preparing.opening(using):  # with the transaction's BEGIN, where it is the first
-            cursor.execute(_insert_sql(using, shape, False), params)
+        cursor.execute(_insert_sql(using, shape, False), params)
         found = cursor.fetchone()
     return None if found is None else int(found[0])
 
@@ -130,8 +129,7 @@ def insert_or_status(row: NewRow, now: datetime, using: str) -> tuple[int | None
         return (pk, None) if pk is not None else (None, current_status(*_key(row), using))
     shape, params = _shape(row, now, connection)
     with _inserting(using), preparing.cursor(using) as cursor:
-        with preparing.opening(using):  # with the transaction's BEGIN, where it is the first
-            cursor.execute(_insert_sql(using, shape, True), [*params, *identity_params(*_key(row))])
+        cursor.execute(_insert_sql(using, shape, True), [*params, *identity_params(*_key(row))])
         found = cursor.fetchone()
     if found is None:
         return None, None  # committed after our snapshot: see the docstring
