@@ -7,6 +7,7 @@ answers the copy as a duplicate. Nothing is acknowledged that was not committed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -210,8 +211,22 @@ class BrokerConsumer:
         self._reached = True
         # Idle time counts only while connected: an unreachable broker is not "idle".
         self._last_message = time.monotonic()
+        self.acker.broken = transport.connection_errors
+        try:
+            self._read(transport, backoff)
+        except BaseException as exc:
+            if not isinstance(exc, (*transport.connection_errors, BrokerUnavailable)):
+                # The command ends (a database refusing its settings, an interrupt): the
+                # acknowledgements held are of committed messages; send them if the broker
+                # still answers, or they come back as duplicates.
+                with contextlib.suppress(Exception):
+                    transport.flush_acks()
+            raise
+        self._flush_acks(transport)
+
+    def _read(self, transport: Transport, backoff: Backoff) -> None:
+        """Receive and take messages until the loop is finished; the open batch committed."""
         broken = transport.connection_errors
-        self.acker.broken = broken
         while not self._finished():
             self._flush_acks(transport)
             try:
@@ -230,6 +245,8 @@ class BrokerConsumer:
             for delivery in received:
                 try:
                     self._on_message(delivery)
+                    if transport.acks_due():
+                        transport.flush_acks()
                 except Exception as exc:
                     # Acknowledging or refusing failed (a stream's group deleted under it, a
                     # permission missing on a dead-letter queue): not the end of the command,
@@ -243,7 +260,6 @@ class BrokerConsumer:
             backoff.reset()
             self._between_messages()
         self.acker.flush()
-        self._flush_acks(transport)
 
     def _flush_acks(self, transport: Transport) -> None:
         """Send the acknowledgements the transport holds (of committed messages) before it

@@ -16,10 +16,10 @@ commit, ``--ack``, ``--commit-every``) are shared. A transport only moves messag
 
 Where the broker takes several acknowledgements in one call (``XACK`` with many ids, SQS's
 ``DeleteMessageBatch``, JetStream's acks sent in one hop to the client's thread), a transport
-holds them (:meth:`Transport.hold_ack`) and sends them together: when
-:attr:`~Transport.ack_batch` are held, when the oldest has waited :data:`ACK_DELAY` seconds,
-and whenever the loop calls :meth:`Transport.flush_acks` (before each receive and before it
-stops). Each
+holds them (:meth:`Transport.hold_ack`) and the loop sends them together
+(:meth:`Transport.flush_acks`): when :attr:`~Transport.ack_batch` are held or the oldest has
+waited :data:`ACK_DELAY` seconds (it asks after each message), before each receive, and when
+it stops, also on an error that ends the command (not on a lost connection). Each
 was committed before it was held, so an acknowledgement lost with a killed process or a broken
 connection only makes the broker deliver a committed message again, which the inbox answers
 as a duplicate: a plain consumer cannot wait like this, since each redelivery would run its
@@ -130,18 +130,26 @@ class Transport(ABC):
         """What arrived, waiting at most ``timeout`` seconds; ``[]`` when nothing did."""
 
     def hold_ack(self, item: Any) -> None:
-        """Acknowledge ``item`` (whatever :meth:`send_acks` takes) with the next batch."""
+        """Acknowledge ``item`` (whatever :meth:`send_acks` takes) with the next batch. Never
+        sends a held batch itself: the loop does (:meth:`acks_due`, :meth:`flush_acks`), so
+        that a failure to send is the transport's fault, never the message's at hand."""
         if self.ack_batch <= 1:
             self.send_acks([item])
             return
         if not self._held:
             self._held_since = time.monotonic()
         self._held.append(item)
-        if len(self._held) >= self.ack_batch or time.monotonic() - self._held_since >= ACK_DELAY:
-            self.flush_acks()
+
+    def acks_due(self) -> bool:
+        """Whether the held acknowledgements should go now: a batch's worth, or the oldest has
+        waited :data:`ACK_DELAY` seconds (the loop asks after each message)."""
+        return bool(self._held) and (
+            len(self._held) >= self.ack_batch or time.monotonic() - self._held_since >= ACK_DELAY
+        )
 
     def flush_acks(self) -> None:
-        """Send the held acknowledgements now (the loop calls this before it stops)."""
+        """Send the held acknowledgements now (the loop calls this before each receive, when
+        :meth:`acks_due`, and before it stops)."""
         held, self._held = self._held, []
         if held:
             self.send_acks(held)

@@ -148,7 +148,9 @@ class SqsDelivery:
             sent["MessageGroupId"] = system.get("MessageGroupId") or "refused"
             sent["MessageDeduplicationId"] = self.message["MessageId"]
         transport.call("send_message", **sent)
-        self.ack()
+        # Deleted at once, not held: a delete lost after the copy would refuse it again, and a
+        # standard queue would keep a second copy.
+        transport.call("delete_message", ReceiptHandle=self._receipt)
 
 
 class SqsTransport(Transport):
