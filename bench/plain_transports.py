@@ -9,8 +9,9 @@ Each message: ``close_old_connections()``, ``json.loads`` of the body, the bench
 body (one single-row UPDATE) in ``transaction.atomic()``, then the acknowledgement, after the
 commit: what ``inbox_consume`` does, without the inbox. With ``floor``, each transaction also
 sends the inbox's own insert (the same statement, prepared, on the same connection, with no
-Python of the inbox around it): the fastest any inbox writing one row per message can be with
-this client, the floor figure 12 sets beside ``inbox_consume``. It prints one JSON line:
+Python of the inbox around it): what the inbox's one statement per message costs with this
+client, whatever its Python, the floor figure 12 sets beside ``inbox_consume`` (which can
+still pass it where it batches acknowledgements and the floor does not). It prints one JSON line:
 messages handled and the wall-clock time at which the first and the last began.
 """
 
