@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -178,11 +179,20 @@ def test_a_rabbitmq_restart_during_a_relay_run_loses_nothing(
             "outbox_relay", "--broker", broker, "--batch-size", "10",
             "--poll-interval", "0.05", "--until-idle", "6", env={"OUTBOX_LEASE": "3"},
         )  # fmt: skip
+        # The restart runs beside the publishing: rows keep coming due while the broker is
+        # down, so the relay meets the outage however long the restart takes (a restart
+        # longer than the relay's --until-idle, with nothing published meanwhile, let the
+        # relay idle out before it ever saw the broker go).
+        restart = threading.Thread(target=rabbitmq_node.restart_app, kwargs={"pause": 2})
         for n in range(300):
             ids.append(publish("effect.write", {"n": n}, routing_key=queue, key=f"k{n % 4}"))
             if n == 100:
-                rabbitmq_node.restart_app(pause=2)
+                restart.start()
             time.sleep(0.01)
+        while restart.is_alive():  # rows stay due during the outage, until the broker is back
+            ids.append(publish("effect.write", {"n": len(ids)}, routing_key=queue, key="k0"))
+            time.sleep(0.2)
+        restart.join()
         relayed, err = relay.communicate(timeout=300)
         assert relay.returncode == 0, err[-3000:]
         consumer = consume(manage, broker, queue, "--until-idle", "2")
