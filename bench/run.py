@@ -118,6 +118,7 @@ ALONE = {
     "webhooks": ("bench.webhooks", "bench_webhooks", "render_webhooks"),
     "tasks": ("bench.celery_tasks", "bench_tasks", "render_tasks"),
     "transports": ("bench.transports", "bench_transports", "render_transports"),
+    "tombstones": ("bench.tombstones", "bench_tombstones", "render_tombstones"),
 }
 
 

@@ -58,13 +58,13 @@ def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
             seconds[key] = to_seconds(values[key])
         except ValueError as exc:
             errors.append(Error(f"{where} {key}: {exc}.", id="django_inbox.E003"))
-    if values.get("dead_retention") is not None:
+    for key in ("dead_retention", "tombstone_retention"):
+        if values.get(key) is None:
+            continue
         try:
-            to_seconds(values["dead_retention"])
+            to_seconds(values[key])
         except ValueError as exc:
-            errors.append(
-                Error(f"{where} dead_retention: {exc} (or None).", id="django_inbox.E003")
-            )
+            errors.append(Error(f"{where} {key}: {exc} (or None).", id="django_inbox.E003"))
     if "ordered" in values and not isinstance(values["ordered"], bool):
         errors.append(
             Error(

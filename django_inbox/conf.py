@@ -22,6 +22,9 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_LEASE": 300.0,
     "INBOX_RETENTION": 30 * 86400.0,
     "INBOX_DEAD_RETENTION": None,
+    # How long a purged completed message's tombstone is kept (from the purge): a copy that
+    # arrives meanwhile is parked, not run again. ``None``: purge keeps no tombstones.
+    "INBOX_TOMBSTONE_RETENTION": 30 * 86400.0,
     "INBOX_REDELIVERY_WINDOW": 7 * 86400.0,
     "INBOX_MAX_PENDING_AGE": 300.0,
     "INBOX_ALLOW_REPLAY_COMPLETED": True,
@@ -65,6 +68,7 @@ POLICY_KEYS: dict[str, str] = {
     "lease": "INBOX_LEASE",
     "retention": "INBOX_RETENTION",
     "dead_retention": "INBOX_DEAD_RETENTION",
+    "tombstone_retention": "INBOX_TOMBSTONE_RETENTION",
     "redelivery_window": "INBOX_REDELIVERY_WINDOW",
     "allow_replay_completed": "INBOX_ALLOW_REPLAY_COMPLETED",
     "commit_every": "INBOX_COMMIT_EVERY",
@@ -92,6 +96,8 @@ class Policy:
     commit_every: int
     #: How long ``dead`` rows are kept; ``None``: until an operator replays or purges them.
     dead_retention: float | None = None
+    #: How long a purged completed message's tombstone is kept; ``None``: none is kept.
+    tombstone_retention: float | None = 30 * 86400.0
     #: How long after processing a duplicate may still arrive (broker, producer, replays).
     redelivery_window: float = 7 * 86400.0
     #: Messages with a key run one at a time per key, in ascending ``sequence``.
@@ -153,6 +159,11 @@ class InboxSettings:
     @property
     def dead_retention(self) -> float | None:
         value = self._get("INBOX_DEAD_RETENTION")
+        return None if value is None else to_seconds(value)
+
+    @property
+    def tombstone_retention(self) -> float | None:
+        value = self._get("INBOX_TOMBSTONE_RETENTION")
         return None if value is None else to_seconds(value)
 
     @property
@@ -262,6 +273,11 @@ class InboxSettings:
             commit_every=int(values["commit_every"]),
             dead_retention=(
                 None if values["dead_retention"] is None else to_seconds(values["dead_retention"])
+            ),
+            tombstone_retention=(
+                None
+                if values["tombstone_retention"] is None
+                else to_seconds(values["tombstone_retention"])
             ),
             redelivery_window=to_seconds(values["redelivery_window"]),
             ordered=bool(values["ordered"]),

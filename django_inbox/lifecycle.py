@@ -56,8 +56,16 @@ TRANSITIONS: dict[str, Transition] = {
                 Status.SKIPPED,
             ),
             writes=("*",),
+            # A late copy of a purged message goes in parked (PostgreSQL's trigger of
+            # migration 0015, db.tombstones.park_if_late elsewhere; intake.late the reason).
             by="deliver(), store(), store_dead(), inbox_consume",
-            where=("db.statements.hot.insert", "intake.rows.insert", "intake.storing.store"),
+            where=(
+                "db.statements.hot.insert",
+                "intake.rows.insert",
+                "intake.storing.store",
+                "db.tombstones.park_if_late",
+                "intake.late.record",
+            ),
         ),
         Transition(
             "claim",

@@ -264,3 +264,25 @@ class InboxKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer}:{self.key} @ {self.applied_sequence}"
+
+
+class InboxTombstone(models.Model):
+    """What is left of a completed message once ``inbox_purge`` deleted its row: its identity
+    (a digest of ``(consumer, message_id)``, :func:`django_inbox.db.tombstones.digest`) and
+    two dates, kept until ``expires_at`` (``INBOX_TOMBSTONE_RETENTION`` after the purge).
+
+    A copy of the message that arrives meanwhile is stored ``parked`` with the dates in its
+    reason instead of running again (:mod:`django_inbox.db.tombstones`).
+    """
+
+    digest = models.UUIDField(primary_key=True)
+    completed_at = models.DateTimeField(null=True)
+    purged_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = _("inbox tombstone")
+        verbose_name_plural = _("inbox tombstones")
+
+    def __str__(self) -> str:
+        return f"{self.digest} (purged {self.purged_at:%Y-%m-%d})"

@@ -20,6 +20,8 @@ Status = InboxMessage.Status
 
 #: The changes an operator's action makes to a row, given the status it leaves.
 Changes = dict[str, Any] | Callable[[str], dict[str, Any]]
+#: A row a purge deleted: its id, consumer, message id and ``processed_at``.
+Deleted = tuple[int, str, str, datetime | None]
 
 
 class Portable:
@@ -159,18 +161,20 @@ class Portable:
 
     def delete_batch(
         self, rows: QuerySet[InboxMessage], status: str, limit: int, using: str
-    ) -> list[int]:
+    ) -> list[Deleted]:
         """In the caller's transaction: delete the first ``limit`` of ``rows`` by primary key
-        (all in ``status``), skipping rows another transaction holds; return their ids. The
-        ids are selected, locked, then deleted: MariaDB and MySQL refuse a ``LIMIT`` inside
-        ``IN (…)``, and MySQL has no ``DELETE … RETURNING``."""
+        (all in ``status``), skipping rows another transaction holds; return their ids,
+        consumers, message ids and ``processed_at`` (what their tombstones keep). The rows are
+        selected, locked, then deleted: MariaDB and MySQL refuse a ``LIMIT`` inside ``IN (…)``,
+        and MySQL has no ``DELETE … RETURNING``."""
         chosen = rows.order_by("pk")
         if connections[using].features.has_select_for_update_skip_locked:
             chosen = chosen.select_for_update(skip_locked=True)
-        ids = list(chosen.values_list("pk", flat=True)[:limit])
-        if ids:
+        found = list(chosen.values_list("pk", "consumer", "message_id", "processed_at")[:limit])
+        if found:
+            ids = [pk for pk, *_ in found]
             with_status(InboxMessage.objects.using(using).filter(pk__in=ids), status).delete()
-        return ids
+        return found
 
     # -- an operator's actions ------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 from ..db import statements
 from ..db.statements import KeyState, Taken
 from ..models import InboxMessage
-from .portable import Changes, Portable
+from .portable import Changes, Deleted, Portable
 
 
 class PostgreSQL(Portable):
@@ -99,9 +99,9 @@ class PostgreSQL(Portable):
 
     def delete_batch(
         self, rows: QuerySet[InboxMessage], status: str, limit: int, using: str
-    ) -> list[int]:
+    ) -> list[Deleted]:
         """One statement: ``DELETE … WHERE id = ANY(ARRAY(<the locking selection>)) AND status
-        = … RETURNING id`` (see :func:`django_inbox.db.statements.delete_selected`)."""
+        = … RETURNING id, …`` (see :func:`django_inbox.db.statements.delete_selected`)."""
         inner = rows.order_by("pk").values("pk")[:limit].select_for_update(skip_locked=True)
         sql, params = inner.query.get_compiler(using).as_sql()
         return statements.delete_selected(sql, list(params), status, using)

@@ -40,6 +40,7 @@ from ..processing.commits import committing
 from ..processing.giving_back import give_back_interrupted
 from ..processing.retry import RetryPolicy
 from ..registry import Handler, registry
+from . import late
 from .rows import (
     NewRow,
     fresh,
@@ -162,7 +163,7 @@ def deliver_row(
     try:
         with committing(using, lambda: [] if pk is None else [pk]):
             pk, status = insert_or_status(row, now, using)
-            if pk is not None:
+            if pk is not None and row.status == Status.COMPLETED:
                 message = materialise(row, pk, using)
                 run_handler(handler, message, using)
     except Exception as exc:
@@ -172,6 +173,8 @@ def deliver_row(
             raise
         duration = time.perf_counter() - started
         return _record_first_failure(row, exc, handler, using, duration)
+    if pk is not None and message is None:
+        return late.report(row, pk, using)  # a late copy of a purged message: parked
     if message is None:
         return deliver_existing(row, using, again=again, status=status or _UNKNOWN)
     processed(message, time.perf_counter() - started, using)
@@ -193,8 +196,11 @@ def _deliver_ordered(row: NewRow, handler: Handler, using: str) -> Outcome:
     try:
         with committing(using, lambda: [pk] if pk is not None and message is not None else []):
             verdict, released = holding.place_new(row, now, using)
+            intended = row.status
             pk, status = insert_or_status(row, now, using)
-            if pk is not None and verdict is ordering.Verdict.RUN:
+            if pk is not None and late.is_late(row, intended):
+                verdict = None  # a late copy of a purged message: parked
+            elif pk is not None and verdict is ordering.Verdict.RUN:
                 message = materialise(row, pk, using)
                 run_handler(handler, message, using)
                 if row.sequence is not None:
@@ -206,6 +212,10 @@ def _deliver_ordered(row: NewRow, handler: Handler, using: str) -> Outcome:
         return _record_first_failure(fresh(row), exc, handler, using, duration)
     if pk is None:
         return deliver_existing(fresh(row), using, status=status or _UNKNOWN)
+    if verdict is None:
+        outcome = late.report(row, pk, using)
+        run_released(row.consumer, released, using, limit=INLINE_RELEASED)
+        return outcome
     if message is None:
         kind = Outcome.SKIPPED if verdict is ordering.Verdict.SKIP else Outcome.WAITING
         events.event(str(kind), **events.about(row, using, pk=pk, attempt=0))
@@ -234,6 +244,8 @@ def _deliver_redelivered(row: NewRow, using: str) -> Outcome:
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
     pk, status = insert_or_status(row, now, using)
+    if pk is not None and row.status == Status.PARKED:
+        return late.report(row, pk, using)  # a late copy of a purged message
     # A row that appeared since our look (or was purged again) is not new: never deliver a
     # redelivered message as a first delivery.
     known = Status.FAILED if pk is not None else status or _UNKNOWN
@@ -254,10 +266,13 @@ def _record_first_failure(
     row.status, row.attempts, row.processed_at = status, 1, None
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
+    intended = row.status
     pk = insert(row, now, using)
     if pk is None:
         # A concurrent delivery stored it while ours rolled back; report that one's state.
         return deliver_existing(row, using, again=False)
+    if late.is_late(row, intended):
+        return late.report(row, pk, using)  # purged meanwhile: a late copy now
     message = materialise(row, pk, using)
     failure(message, entry, status, row.next_attempt_at, using=using, duration=duration)
     return Outcome(status)

@@ -18,6 +18,7 @@ from ..db.statements import NewRow
 from ..exceptions import InvalidPayload
 from ..models import InboxMessage
 from ..text import storable_json
+from . import late
 from .message import MessageFields
 from .validation import CONSUMER_MAX, clean_message_id, clean_sequence, clean_text, encode_json
 
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+Status = InboxMessage.Status
 
 
 def prepare(**message: Unpack[MessageFields]) -> NewRow:
@@ -93,26 +95,42 @@ def fresh(row: NewRow) -> NewRow:
 
 
 def insert(row: NewRow, now: datetime, using: str) -> int | None:
-    """Insert ``row``; return its new id, or ``None`` if ``(consumer, message_id)`` exists."""
+    """Insert ``row``; return its new id, or ``None`` if ``(consumer, message_id)`` exists.
+    A late copy of a purged message goes in ``parked`` with its reason: ``row.status`` is
+    then ``parked`` (:mod:`.late`)."""
+    intended = row.status
     pk = statements.insert(row, now, using)
     if pk is not None:
         _received(row, pk, using)
+        if late.is_late(row, intended):
+            late.record(row, pk, using)
     return pk
 
 
 def insert_or_status(row: NewRow, now: datetime, using: str) -> tuple[int | None, str | None]:
     """Insert ``row``: ``(new id, None)``, or ``(None, the existing row's status)`` (``None``
-    when the existing row was committed too recently to be seen, or is gone again)."""
+    when the existing row was committed too recently to be seen, or is gone again). A late
+    copy goes in ``parked``, as with :func:`insert`."""
+    intended = row.status
     pk, status = statements.insert_or_status(row, now, using)
     if pk is not None:
         _received(row, pk, using)
+        if late.is_late(row, intended):
+            late.record(row, pk, using)
     return pk, status
 
 
+class LateCopies(Exception):
+    """A batch held late copies of purged messages: delivered one by one, each is parked."""
+
+
 def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tuple[str, str], int]:
-    """Insert messages as ``completed`` (attempt 1) in one statement; return the new ids."""
+    """Insert messages as ``completed`` (attempt 1) in one statement; return the new ids.
+    Raise :class:`LateCopies` if any went in as a late copy (the caller rolls back)."""
     new = statements.insert_completed(rows, now, using)
     by_key = {(row.consumer, row.message_id): row for row in rows}
+    if any(by_key[key].status == Status.PARKED for key in new):
+        raise LateCopies()
     for key, pk in new.items():
         _received(by_key[key], pk, using)
     return new

@@ -17,7 +17,7 @@ from ..outcomes import Outcome
 from ..processing.attempts import no_handler_reason
 from ..registry import registry
 from ..text import cut, storable, storable_json
-from . import rows
+from . import late, rows
 from .rows import NewRow
 from .validation import (
     CONSUMER_MAX,
@@ -71,7 +71,10 @@ def store(
             return unhandled(row, using) is not None
         now = timezone.now()
         row.next_attempt_at = now
-        return rows.insert(row, now, using) is not None
+        pk = rows.insert(row, now, using)
+        if pk is not None and row.status == Status.PARKED:
+            late.report(row, pk, using)  # a late copy of a purged message
+        return pk is not None
 
     return rows.once_more_if_index_changed(using, insert)
 

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from .. import lifecycle
 from ..conf import inbox_settings
+from ..db import tombstones
 from ..families import family
 from ..models import InboxMessage
 from ..ordered import gaps
@@ -67,6 +68,10 @@ class PurgeResult:
     #: Dead versions of re-runs kept: each holds its key's rebuild until an operator replays
     #: or skips it.
     held: int = 0
+    #: Tombstones written for the completed rows deleted (with ``dry_run``: to be written).
+    tombstones_written: int = 0
+    #: Expired tombstones deleted (with ``dry_run``: to be deleted).
+    tombstones_expired: int = 0
 
     @property
     def total(self) -> int:
@@ -180,6 +185,8 @@ def purge(
             rows = rows.exclude(versions() & Q(rerun=True))
         if dry_run:
             result.deleted[str(status)] = rows.count()
+            if status == Status.COMPLETED:
+                result.tombstones_written = _keeping_tombstones(rows).count()
             continue
         result.deleted[str(status)] = 0
         if status == Status.DEAD:
@@ -188,16 +195,18 @@ def purge(
         pages = family(inbox_settings.database).purge_pages(rows, inbox_settings.database)
         last_pk = 0
         while pages is not None:
-            deleted = _delete_batch(pages.filter(pk__gt=last_pk), status, batch_size)
+            deleted, stones = _delete_batch(pages.filter(pk__gt=last_pk), status, batch_size)
             if not deleted:
                 break
             last_pk = max(deleted)
             result.deleted[str(status)] += len(deleted)
+            result.tombstones_written += stones
             result.batches += 1
             if progress is not None:
                 progress(PurgeProgress(result.total, result.batches, time.monotonic() - started))
             if pause:
                 time.sleep(pause)
+    result.tombstones_expired = _expire_tombstones(now, batch_size, dry_run, pause)
     if not explicit and not result.deleted.get(Status.SKIPPED):
         # Only ordered consumers have skipped rows: don't report them to everyone else.
         result.deleted.pop(str(Status.SKIPPED), None)
@@ -221,8 +230,40 @@ def _delete_dead_versions(rows: Any) -> int:
     )
 
 
-def _delete_batch(rows: Any, status: str, limit: int) -> list[int]:
-    """Delete the first ``limit`` rows of ``rows`` by pk, skipping locked ones; return their pks."""
+def _delete_batch(rows: Any, status: str, limit: int) -> tuple[list[int], int]:
+    """Delete the first ``limit`` rows of ``rows`` by pk, skipping locked ones, and keep the
+    tombstones of the completed ones in the same transaction; return the pks and the number
+    of tombstones written."""
     using = inbox_settings.database
     with transaction.atomic(using=using):
-        return family(using).delete_batch(rows, status, limit, using)
+        deleted = family(using).delete_batch(rows, status, limit, using)
+        stones = 0
+        if status == Status.COMPLETED and deleted:
+            gone = [(consumer, message_id, done) for _, consumer, message_id, done in deleted]
+            stones = tombstones.write(gone, timezone.now(), using)
+    return [pk for pk, *_ in deleted], stones
+
+
+def _keeping_tombstones(rows: Any) -> Any:
+    """Those of ``rows`` whose consumer keeps tombstones."""
+    keeping_none = [name for name in inbox_settings.consumers if tombstones.retention(name) is None]
+    if inbox_settings.tombstone_retention is None:
+        configured = [name for name in inbox_settings.consumers if name not in keeping_none]
+        return rows.filter(consumer__in=configured)
+    return rows.exclude(consumer__in=keeping_none)
+
+
+def _expire_tombstones(now: datetime, limit: int, dry_run: bool, pause: float) -> int:
+    """Delete the tombstones expired before ``now`` in batches of ``limit``; return how many."""
+    using = inbox_settings.database
+    if dry_run:
+        return tombstones.expired_count(now, using)
+    total = 0
+    while True:
+        with transaction.atomic(using=using):
+            done = tombstones.expire(now, limit, using)
+        total += done
+        if done < limit:
+            return total
+        if pause:
+            time.sleep(pause)

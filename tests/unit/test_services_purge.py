@@ -128,7 +128,7 @@ def deliver_effect(message_id: str) -> Outcome:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_duplicate_after_purge_is_processed_again() -> None:
+def test_duplicate_after_purge_is_parked_by_its_tombstone() -> None:
     assert deliver_effect("m") == Outcome.PROCESSED
     assert deliver_effect("m") == Outcome.DUPLICATE  # the row remembers it...
     assert effect_counts() == {"m": 1}
@@ -136,8 +136,21 @@ def test_duplicate_after_purge_is_processed_again() -> None:
     output = purge_command("--older-than", "0")
 
     assert "deleted 1 completed" in output, output
+    assert "kept 1 tombstone" in output, output
     assert not InboxMessage.objects.exists()
-    # ...until it is purged: then the same message is new again, as documented.
+    # ...and once it is purged, its tombstone: the copy is parked, not run again.
+    assert deliver_effect("m") == Outcome.PARKED
+    assert effect_counts() == {"m": 1}
+    assert InboxMessage.objects.get().status == Status.PARKED
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(INBOX_TOMBSTONE_RETENTION=None)
+def test_duplicate_after_purge_without_tombstones_is_processed_again() -> None:
+    assert deliver_effect("m") == Outcome.PROCESSED
+    output = purge_command("--older-than", "0")
+    assert "deleted 1 completed" in output and "tombstone" not in output, output
+    # Without a tombstone the same message is new again, as documented.
     assert deliver_effect("m") == Outcome.PROCESSED
     assert effect_counts() == {"m": 2}
     assert InboxMessage.objects.get().status == Status.COMPLETED

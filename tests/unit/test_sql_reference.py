@@ -193,7 +193,11 @@ def page(sent: dict[str, list[str]]) -> str:
         "PostgreSQL receives it (parameters as `%s`), under the function that sends it. "
         "Written by `tests/unit/test_sql_reference.py`, which fails when a statement changes "
         "and this page does not; write it again with `INBOX_WRITE_SQL_REFERENCE=1`. The ORM's "
-        "own queries, and the SQL of migrations, are not here.\n"
+        "own queries, and the SQL of migrations, are not here. One migration adds work to "
+        "these statements: every insert into the inbox's table of a row that would run fires "
+        "the `BEFORE INSERT` trigger `django_inbox_late_copy` of migration `0015` (an index "
+        "probe of the pair's row and one of the tombstones: see "
+        "[Late copies after purge](../howto/retention.md#late-copies-after-purge)).\n"
     )
     parts = [head]
     for function in sorted(sent):

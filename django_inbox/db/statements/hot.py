@@ -14,7 +14,7 @@ from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import JSONField, Value
 
 from ...models import InboxMessage
-from .. import preparing
+from .. import preparing, tombstones
 from .common import (
     COLUMNS,
     JSON_COLUMNS,
@@ -56,12 +56,13 @@ def _insert_sql(using: str, shape: tuple[str, ...], with_status: bool) -> str:
             f"INSERT INTO {table} ({', '.join(quote(c) for c in COLUMNS)}) "
             f"VALUES ({', '.join(shape)}) "
             f"ON CONFLICT {conflict_target(quote, vendor, using)} DO NOTHING "
-            f"RETURNING {quote('id')}"
+            f"RETURNING {quote('id')}, {quote('status')}"
         )
         if not with_status:
             return insert
         return (
-            f"WITH inserted AS ({insert}) SELECT {quote('id')}, NULL FROM inserted UNION ALL "
+            f"WITH inserted AS ({insert}) SELECT {quote('id')}, {quote('status')} FROM inserted "
+            "UNION ALL "
             f"SELECT NULL, {quote('status')} FROM {table} "
             f"WHERE {identity_sql(quote, 'postgresql')} AND NOT EXISTS (SELECT FROM inserted)"
         )
@@ -91,8 +92,9 @@ def _shape(row: NewRow, now: datetime, connection: Any) -> tuple[tuple[str, ...]
 
 
 def insert(row: NewRow, now: datetime, using: str) -> int | None:
-    """``INSERT … ON CONFLICT (identity) DO NOTHING RETURNING id``: the new id, ``None`` for a
-    duplicate.
+    """``INSERT … ON CONFLICT (identity) DO NOTHING RETURNING id, status``: the new id,
+    ``None`` for a duplicate. A late copy of a purged message goes in ``parked``
+    (:mod:`~django_inbox.db.tombstones`): then ``row.status`` says so.
 
     MySQL and MariaDB insert plainly and take the pair's unique violation for a duplicate
     (:func:`_insert_plain`); other databases without ``ON CONFLICT`` do the same under a
@@ -107,7 +109,20 @@ def insert(row: NewRow, now: datetime, using: str) -> int | None:
     with _inserting(using), preparing.cursor(using) as cursor:
         cursor.execute(_insert_sql(using, shape, False), params)
         found = cursor.fetchone()
-    return None if found is None else int(found[0])
+    if found is None:
+        return None
+    return _inserted(row, int(found[0]), found[1], using)
+
+
+def _inserted(row: NewRow, pk: int, status: str | None, using: str) -> int:
+    """``pk``, the row just inserted; ``row.status`` becomes ``parked`` if it went in as a late
+    copy (PostgreSQL's trigger said so in ``status``; elsewhere the tombstone is read now)."""
+    if connections[using].vendor == "postgresql":
+        if status is not None and status != row.status:
+            row.status = Status(status)
+    elif tombstones.park_if_late(row, pk, using) is not None:
+        row.status = Status.PARKED
+    return pk
 
 
 def insert_or_status(row: NewRow, now: datetime, using: str) -> tuple[int | None, str | None]:
@@ -134,7 +149,9 @@ def insert_or_status(row: NewRow, now: datetime, using: str) -> tuple[int | None
     if found is None:
         return None, None  # committed after our snapshot: see the docstring
     pk, status = found
-    return (int(pk), None) if pk is not None else (None, str(status))
+    if pk is None:
+        return None, str(status)
+    return _inserted(row, int(pk), status, using), None
 
 
 @contextmanager
@@ -174,12 +191,13 @@ def _insert_plain(row: NewRow, now: datetime, using: str) -> tuple[int | None, s
     try:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return int(cursor.lastrowid), None
+            pk = int(cursor.lastrowid)
     except IntegrityError:
         status = _pair_status(row, using)
         if status is None:
             raise  # another constraint refused the row: not a duplicate, never acknowledged
         return None, status
+    return _inserted(row, pk, None, using), None
 
 
 def _insert_with_savepoint(row: NewRow, now: datetime, using: str) -> int | None:
@@ -197,7 +215,7 @@ def _insert_with_savepoint(row: NewRow, now: datetime, using: str) -> int | None
         if _pair_status(row, using) is None:
             raise  # another constraint refused the row: not a duplicate, never acknowledged
         return None
-    return int(message.pk)
+    return _inserted(row, int(message.pk), None, using)
 
 
 def _pair_status(row: NewRow, using: str) -> str | None:
@@ -222,7 +240,8 @@ def _pair_status(row: NewRow, using: str) -> str | None:
 
 def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tuple[str, str], int]:
     """Insert messages as ``completed`` (attempt 1) in one statement; return the new ids by
-    ``(consumer, message_id)``, for the rows that were new only.
+    ``(consumer, message_id)``, for the rows that were new only. A late copy of a purged
+    message goes in ``parked``: its row's ``status`` says so.
 
     Rows go in ``message_id`` order, so two transactions inserting overlapping batches take the
     unique index's locks in the same order and cannot deadlock on them.
@@ -264,11 +283,15 @@ def insert_completed(rows: list[NewRow], now: datetime, using: str) -> dict[tupl
         f"INSERT INTO {table_of(using)} ({', '.join(quote(c) for c in COLUMNS)}) VALUES "
         + ", ".join(f"({shape})" for _ in ordered)
         + f" ON CONFLICT {conflict_target(quote, vendor, using)} DO NOTHING "
-        f"RETURNING {quote('consumer')}, {quote('message_id')}, {quote('id')}"
+        f"RETURNING {quote('consumer')}, {quote('message_id')}, {quote('id')}, {quote('status')}"
     )
     with _inserting(using), connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return {(consumer, message_id): int(pk) for consumer, message_id, pk in cursor.fetchall()}
+        found = cursor.fetchall()
+    return {
+        (consumer, message_id): _inserted(unique[(consumer, message_id)], int(pk), status, using)
+        for consumer, message_id, pk, status in found
+    }
 
 
 def current_status_sql(using: str) -> str:

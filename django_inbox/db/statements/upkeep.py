@@ -4,6 +4,7 @@ deleted, the planner's row estimate, a loose index scan of the consumers."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django.db import connections
@@ -50,9 +51,12 @@ def update_appending_history(
         )
 
 
-def delete_selected(select_sql: str, params: list[Any], status: str, using: str) -> list[int]:
+def delete_selected(
+    select_sql: str, params: list[Any], status: str, using: str
+) -> list[tuple[int, str, str, datetime | None]]:
     """Delete the rows whose ids ``select_sql`` returns, re-checking each one's ``status`` as it
-    is deleted (a row replayed meanwhile is kept); return the deleted ids.
+    is deleted (a row replayed meanwhile is kept); return the deleted rows' ids, consumers,
+    message ids and ``processed_at`` (what their tombstones keep).
 
     On PostgreSQL ``id = ANY(ARRAY(…))`` runs the (locking) selection once, as an InitPlan.
     Under ``IN (…)`` PostgreSQL may plan a nested-loop semi-join that rescans it for every outer
@@ -70,10 +74,11 @@ def delete_selected(select_sql: str, params: list[Any], status: str, using: str)
         cursor.execute(
             f"DELETE FROM {table_of(using)} WHERE {selected} "
             f"AND {status_exactly(quote, connection.vendor)} = %s "
-            f"RETURNING {pk}",
+            f"RETURNING {pk}, {quote('consumer')}, {quote('message_id')}, "
+            f"{quote('processed_at')}",
             [*params, status],
         )
-        return [int(found[0]) for found in cursor.fetchall()]
+        return [(int(found[0]), found[1], found[2], found[3]) for found in cursor.fetchall()]
 
 
 def estimated_rows(using: str, table: str | None = None) -> int:

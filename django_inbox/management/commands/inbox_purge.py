@@ -132,6 +132,14 @@ class Command(InboxCommand):
                 f"inbox_purge: deleted {counts} in {counted(result.batches, 'batch')}, "
                 f"{result.elapsed:.1f}s ({result.rate:,.0f} rows/s)"
             )
+        if result.tombstones_written or result.tombstones_expired:
+            verb = "would keep" if result.dry_run else "kept"
+            gone = "would delete" if result.dry_run else "deleted"
+            self.stdout.write(
+                f"inbox_purge: {verb} {counted(result.tombstones_written, 'tombstone')} of "
+                f"completed rows (late copies of them are parked, not run), {gone} "
+                f"{counted(result.tombstones_expired, 'expired tombstone')}"
+            )
 
     def _purge_outbox(self, options: dict[str, Any]) -> None:
         outbox = companions.outbox()

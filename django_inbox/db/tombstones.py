@@ -1,0 +1,163 @@
+"""Tombstones: what ``inbox_purge`` keeps of a completed message, so that a late copy is
+parked instead of running again.
+
+Purging a ``completed`` row writes, in the same transaction, an
+:class:`~django_inbox.models.InboxTombstone`: a 16-byte digest of ``(consumer, message_id)``
+(:func:`digest`, the value of PostgreSQL's identity index, :mod:`django_inbox.db.identity`),
+when the message completed, when it was purged, and when the tombstone expires (the consumer's
+``tombstone_retention`` after the purge; ``None`` writes none). ``inbox_purge`` deletes expired
+tombstones too.
+
+An insert of a row that would run (``received``, ``completed``, ``failed``, ``waiting``) whose
+pair has a tombstone goes in ``parked`` instead, and the inbox writes the reason
+(:mod:`django_inbox.intake.late`):
+
+- on PostgreSQL a ``BEFORE INSERT`` trigger (migration ``0015``) does it inside the insert, so
+  a new message costs no statement more. The trigger first takes a ``FOR KEY SHARE`` lock on a
+  row of the same pair, if there is one: a purge deleting that row right now is waited for,
+  and the trigger's next look at the tombstones (a new snapshot, as every statement of a
+  PL/pgSQL function in ``READ COMMITTED``) sees the tombstone it committed. A purge that
+  starts later waits for the lock, so the insert meets the row and is a duplicate.
+- elsewhere the inbox reads the tombstone after the insert, in the same transaction
+  (:func:`park_if_late`): an insert that waited for a purge deleting the pair's row sees the
+  tombstone that purge committed (``READ COMMITTED``; a locking read at ``REPEATABLE READ``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+
+from ..conf import inbox_settings
+from ..models import InboxMessage, InboxTombstone
+
+Status = InboxMessage.Status
+
+#: The statuses of rows that run (or have run): only their inserts look for a tombstone.
+#: ``parked``, ``dead`` and ``skipped`` rows never run by themselves.
+RUNNING_STATUSES = (
+    Status.RECEIVED,
+    Status.IN_PROGRESS,
+    Status.COMPLETED,
+    Status.FAILED,
+    Status.WAITING,
+)
+
+#: PostgreSQL's trigger and its function (migration 0015).
+TRIGGER = "django_inbox_late_copy"
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A purged message's dates."""
+
+    completed_at: datetime | None
+    purged_at: datetime
+
+    def reason(self) -> str:
+        completed = _day_and_time(self.completed_at) if self.completed_at else "an unknown date"
+        return (
+            f"a copy of a message that completed on {completed} and was purged on "
+            f"{_day_and_time(self.purged_at)}: parked, not run again (its tombstone is kept for "
+            "INBOX_TOMBSTONE_RETENTION); replay it to run it once more"
+        )
+
+
+def _day_and_time(moment: datetime) -> str:
+    return moment.isoformat(sep=" ", timespec="seconds")
+
+
+def digest(consumer: str, message_id: str) -> uuid.UUID:
+    """The first 16 bytes of SHA-256 of ``len(consumer):consumer`` + ``message_id`` (UTF-8),
+    as :func:`django_inbox.db.identity.digest_sql` takes them on PostgreSQL, with the version
+    and variant bits of a UUID of version 8 set (122 bits of the hash are kept): MariaDB's
+    ``uuid`` column refuses values without them. PostgreSQL's trigger computes the same value
+    with the function ``django_inbox_tombstone_digest`` (migration 0015)."""
+    text = f"{len(consumer)}:{consumer}{message_id}".encode("utf-8", "surrogatepass")
+    raw = bytearray(hashlib.sha256(text).digest()[:16])
+    raw[6] = (raw[6] & 0x0F) | 0x80
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    return uuid.UUID(bytes=bytes(raw))
+
+
+def retention(consumer: str) -> float | None:
+    """Seconds ``consumer``'s tombstones are kept after the purge; ``None``: none is kept."""
+    return inbox_settings.policy(consumer).tombstone_retention
+
+
+def find(consumer: str, message_id: str, using: str) -> Tombstone | None:
+    """The tombstone of ``(consumer, message_id)``, if one is kept. A locking read in a
+    transaction on MySQL and MariaDB, which then sees a tombstone committed after a
+    ``REPEATABLE READ`` snapshot."""
+    rows = InboxTombstone.objects.using(using).filter(digest=digest(consumer, message_id))
+    connection = connections[using]
+    if connection.vendor == "mysql" and connection.in_atomic_block:
+        rows = rows.select_for_update()  # outside a transaction each read is fresh anyway
+    found = rows.values_list("completed_at", "purged_at").first()
+    return None if found is None else Tombstone(*found)
+
+
+def park_if_late(row: Any, pk: int, using: str) -> Tombstone | None:
+    """Off PostgreSQL, after ``row`` went in as ``pk``: if its pair has a tombstone, set the
+    row ``parked`` (in the caller's transaction) and return the tombstone."""
+    if row.status not in RUNNING_STATUSES:
+        return None
+    found = find(row.consumer, row.message_id, using)
+    if found is not None:
+        InboxMessage.objects.using(using).filter(pk=pk).update(
+            status=Status.PARKED,
+            attempts=0,
+            next_attempt_at=None,
+            locked_until=None,
+            lease_id="",
+            processed_at=None,
+        )
+    return found
+
+
+def write(gone: Iterable[tuple[str, str, datetime | None]], now: datetime, using: str) -> int:
+    """Keep a tombstone of each purged ``(consumer, message_id, processed_at)`` whose consumer
+    keeps them; return how many were written (a pair's earlier tombstone is replaced)."""
+    stones: dict[uuid.UUID, InboxTombstone] = {}
+    for consumer, message_id, completed_at in gone:
+        seconds = retention(consumer)
+        if seconds is None:
+            continue
+        key = digest(consumer, message_id)
+        stones[key] = InboxTombstone(
+            digest=key,
+            completed_at=completed_at,
+            purged_at=now,
+            expires_at=now + timedelta(seconds=seconds),
+        )
+    if stones:
+        # MySQL and MariaDB take no conflict target: the primary key is their only unique key.
+        target = connections[using].features.supports_update_conflicts_with_target
+        InboxTombstone.objects.using(using).bulk_create(
+            list(stones.values()),
+            update_conflicts=True,
+            unique_fields=["digest"] if target else None,
+            update_fields=["completed_at", "purged_at", "expires_at"],
+        )
+    return len(stones)
+
+
+def expire(now: datetime, limit: int, using: str) -> int:
+    """Delete up to ``limit`` tombstones that expired before ``now``; return how many."""
+    expired = InboxTombstone.objects.using(using).filter(expires_at__lt=now)
+    digests = list(expired.values_list("digest", flat=True)[:limit])
+    if not digests:
+        return 0
+    gone = InboxTombstone.objects.using(using).filter(digest__in=digests, expires_at__lt=now)
+    return int(gone.delete()[0])
+
+
+def expired_count(now: datetime, using: str) -> int:
+    """How many tombstones expired before ``now`` (what a dry run reports)."""
+    return InboxTombstone.objects.using(using).filter(expires_at__lt=now).count()

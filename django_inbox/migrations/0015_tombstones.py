@@ -1,0 +1,127 @@
+"""Tombstones of purged completed messages (``django_inbox.db.tombstones``).
+
+The table holds a 16-byte digest of ``(consumer, message_id)`` and three dates per purged
+message. Its index on ``expires_at`` (for ``inbox_purge``'s expiry) is a BRIN index on
+PostgreSQL (tombstones are written in purge order, so a few kB cover millions) and a B-tree
+elsewhere.
+
+On PostgreSQL a ``BEFORE INSERT`` trigger on the inbox's table parks a late copy: a row that
+would run (``received``, ``in_progress``, ``completed``, ``failed``, ``waiting``) whose pair has a
+tombstone goes in ``parked``. It first takes a ``FOR KEY SHARE`` lock on the pair's row, if
+any, so that it waits for a purge deleting it right now and then sees the tombstone that
+purge committed. The inbox writes the reason after the insert. Other databases: the inbox
+reads the tombstone after its insert.
+
+The SQL is written out here, not imported: a migration builds what it built the day it was
+written. ``tests/unit/test_tombstones.py`` checks that the trigger's digest function computes what
+``django_inbox.db.tombstones.digest`` does.
+"""
+
+from django.db import migrations, models
+
+TRIGGER = "django_inbox_late_copy"
+INDEX = "django_inbox_tombstone_expires_idx"
+DIGEST_FUNCTION = "django_inbox_tombstone_digest"
+
+
+def _bytes(consumer, message_id):
+    """The first 16 bytes of the identity's SHA-256 (as migration 0010's index takes them)."""
+    text = f"length({consumer}::text)::text || ':' || {consumer}::text || {message_id}::text"
+    return f"substring(sha256(replace({text}, E'\\\\', E'\\\\\\\\')::bytea) FROM 1 FOR 16)"
+
+
+def _identity(consumer, message_id):
+    """The expression of migration 0010's unique index of identities."""
+    return f"encode({_bytes(consumer, message_id)}, 'hex')::uuid"
+
+
+def create(apps, schema_editor):
+    quote = schema_editor.quote_name
+    tombstones = quote(apps.get_model("django_inbox", "InboxTombstone")._meta.db_table)
+    if schema_editor.connection.vendor != "postgresql":
+        schema_editor.execute(f"CREATE INDEX {INDEX} ON {tombstones} ({quote('expires_at')})")
+        return
+    inbox = quote(apps.get_model("django_inbox", "InboxMessage")._meta.db_table)
+    schema_editor.execute(f"CREATE INDEX {INDEX} ON {tombstones} USING brin (expires_at)")
+    # The identity's 16 bytes with the version and variant bits of a UUID of version 8 (as
+    # django_inbox.db.tombstones.digest sets them: MariaDB's uuid type wants them).
+    schema_editor.execute(
+        f"""
+CREATE OR REPLACE FUNCTION {DIGEST_FUNCTION}(consumer text, message_id text) RETURNS uuid
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $body$
+DECLARE
+    raw bytea := {_bytes("consumer", "message_id")};
+BEGIN
+    raw := set_byte(raw, 6, (get_byte(raw, 6) & 15) | 128);
+    raw := set_byte(raw, 8, (get_byte(raw, 8) & 63) | 128);
+    RETURN encode(raw, 'hex')::uuid;
+END
+$body$
+"""
+    )
+    schema_editor.execute(
+        f"""
+CREATE OR REPLACE FUNCTION {TRIGGER}() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+    -- Wait for a purge deleting this pair's row now; the next statement's snapshot then
+    -- holds the tombstone it committed. A purge that comes later waits for this lock.
+    PERFORM 1 FROM {inbox}
+        WHERE {_identity('"consumer"', '"message_id"')}
+            = {_identity("NEW.consumer", "NEW.message_id")}
+        FOR KEY SHARE;
+    IF EXISTS (
+        SELECT 1 FROM {tombstones}
+        WHERE digest = {DIGEST_FUNCTION}(NEW.consumer, NEW.message_id)
+    ) THEN
+        NEW.status := 'parked';
+        NEW.attempts := 0;
+        NEW.next_attempt_at := NULL;
+        NEW.locked_until := NULL;
+        NEW.lease_id := '';
+        NEW.processed_at := NULL;
+    END IF;
+    RETURN NEW;
+END
+$body$
+"""
+    )
+    schema_editor.execute(
+        f"CREATE TRIGGER {TRIGGER} BEFORE INSERT ON {inbox} FOR EACH ROW "
+        "WHEN (NEW.status IN ('received', 'in_progress', 'completed', 'failed', 'waiting')) "
+        f"EXECUTE FUNCTION {TRIGGER}()"
+    )
+
+
+def drop(apps, schema_editor):
+    quote = schema_editor.quote_name
+    if schema_editor.connection.vendor == "postgresql":
+        inbox = quote(apps.get_model("django_inbox", "InboxMessage")._meta.db_table)
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {TRIGGER} ON {inbox}")
+        schema_editor.execute(f"DROP FUNCTION IF EXISTS {TRIGGER}()")
+        schema_editor.execute(f"DROP FUNCTION IF EXISTS {DIGEST_FUNCTION}(text, text)")
+    # The index goes with the table (the operation before this one, reversed after it).
+
+
+class Migration(migrations.Migration):
+    atomic = False  # DDL: MySQL and MariaDB cannot roll it back
+
+    dependencies = [
+        ("django_inbox", "0014_mysql_status_indexes"),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name="InboxTombstone",
+            fields=[
+                ("digest", models.UUIDField(primary_key=True, serialize=False)),
+                ("completed_at", models.DateTimeField(null=True)),
+                ("purged_at", models.DateTimeField()),
+                ("expires_at", models.DateTimeField()),
+            ],
+            options={
+                "verbose_name": "inbox tombstone",
+                "verbose_name_plural": "inbox tombstones",
+            },
+        ),
+        migrations.RunPython(create, drop, elidable=False),
+    ]
