@@ -43,6 +43,26 @@ MYSQL_CONNECTION_ENDED = frozenset({1040, 1053, 1203, 1927, 2002, 2003, 2006, 20
 #: (:mod:`django_inbox.processing.interruptions`) stops a handler that idles every time.
 
 
+#: SQLSTATEs of a server out of a resource: its disk is full (53100, "could not extend file"),
+#: it is out of memory (53200) or of another resource (53000). The server answered and the
+#: connection is alive, but the attempt is cut short by the infrastructure, not the handler,
+#: so it is treated as an outage (:func:`connection_lost`): no attempt is used up, and the
+#: process waits with backoff until its work goes through again.
+RESOURCES_EXHAUSTED = ("53000", "53100", "53200")
+#: MySQL's and MariaDB's: disk full (1021), a table full (1114, also a full disk under InnoDB),
+#: out of memory (1037) or of resources (1041).
+MYSQL_RESOURCES_EXHAUSTED = frozenset({1021, 1037, 1041, 1114})
+
+
+def out_of_resources(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database running out of disk, memory or another resource
+    (:data:`RESOURCES_EXHAUSTED`)."""
+    found = mysql_error(exc)
+    if found is not None:
+        return found[0] in MYSQL_RESOURCES_EXHAUSTED
+    return sqlstate(exc) in RESOURCES_EXHAUSTED
+
+
 #: Conflicts between transactions, which end a statement or its transaction but leave the
 #: connection usable: a deadlock (PostgreSQL 40P01, MySQL and MariaDB 1213), a serialisation
 #: failure (40001), a lock waited for past ``lock_timeout`` (55P03; 1205).
@@ -147,9 +167,10 @@ def connection_lost(exc: BaseException, using: str) -> bool:
     the handler's failed attempt, so a query that times out every time ends ``dead``. So does
     a transaction lost to a prepared statement the server no longer knows (see
     :mod:`django_inbox.db.preparing`): the connection is fine, the attempt was not the
-    handler's.
+    handler's. Nor is a server out of disk or memory (:func:`out_of_resources`): it is
+    waited for like a lost connection.
     """
-    if lost_prepared_statement(exc):
+    if lost_prepared_statement(exc) or out_of_resources(exc):
         return True
     found = mysql_error(exc) if connections[using].vendor == "mysql" else None
     if found is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from ..db.connection import out_of_resources
 from ..models import InboxMessage
 from ..text import cut, exception_message
 
@@ -44,7 +45,13 @@ def note(
     lease_id: str | None = None,
     error: BaseException | None = None,
 ) -> None:
-    """Remember claimed rows (or a lost claim's lease) to give back once the database is back."""
+    """Remember claimed rows (or a lost claim's lease) to give back once the database is back.
+
+    A database out of disk or memory blames no row: the one that was running goes back as
+    the others do, with no ``interrupted`` entry, so however long the outage lasts it uses up
+    none of the row's free interruptions (the process waits with backoff meanwhile)."""
+    if error is not None and out_of_resources(error):
+        running = None
     text = "" if error is None else f"{type(error).__name__}: {exception_message(error)}"
     with _lock:
         _noted.append(

@@ -131,11 +131,13 @@ class Cluster:
         done = subprocess.run(_as_postgres(list(args)), capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"{args[0]}: {done.stdout}{done.stderr}"
 
-    def init(self) -> None:
+    def init(self, *initdb: str) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
-        self.run(str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres")
+        self.run(
+            str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", *initdb
+        )  # fmt: skip
         self.start()
         with self.connect(dbname="postgres", autocommit=True) as conn:
             conn.execute("CREATE DATABASE inbox")
@@ -288,3 +290,156 @@ def test_workers_survive_database_restarts_and_a_full_connection_table(cluster: 
     assert len(hogs) >= cluster.max_connections - 3
     assert (lost, doubled) == (0, 0)
     assert attempts == {1: n}, "no attempt was used up by the outages"
+
+
+# --- a full disk --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A 200 MiB filesystem of the test's own (a tmpfs), for a cluster whose disk fills up."""
+    if not (PG_BIN / "initdb").exists():
+        pytest.fail(f"PostgreSQL's server programs are not in {PG_BIN}")
+    root = Path(tempfile.mkdtemp(prefix="inbox-test-disk-"))
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=200m,mode=0755", "tmpfs", str(root)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(
+            "this machine does not let the test mount a filesystem of its own (a tmpfs), so "
+            f"no disk can be filled: {done.stderr.strip() or done.returncode}"
+        )
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(root)], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _fill(path: Path) -> int:
+    """Write ``path`` until the filesystem is full; return the bytes written."""
+    written = 0
+    chunk = b"\0" * (1 << 20)
+    with open(path, "wb", buffering=0) as filler:
+        while True:
+            try:
+                written += filler.write(chunk)
+            except OSError:
+                break
+    for size in (1 << 16, 1 << 12, 1 << 9):  # the last pages too
+        with open(path, "ab", buffering=0) as filler:
+            while True:
+                try:
+                    written += filler.write(b"\0" * size)
+                except OSError:
+                    break
+    return written
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_full_disk_uses_up_no_attempt_and_everything_resumes_once_space_returns(
+    small_disk: Path,
+) -> None:
+    """Workers draining 800 stored messages while the cluster's disk fills up: the writes
+    that need space fail ("could not extend file", SQLSTATE 53100), no attempt is used up
+    (no row fails or dies), the workers wait with backoff instead of spinning or exiting,
+    and once the space is back every message is applied exactly once."""
+    server = Cluster(small_disk / "cluster")
+    # One 64 MiB WAL segment is enough for the run: a full disk then fails the writes of
+    # tables (an ERROR), never the creation of a WAL segment (a PANIC, a crash restart).
+    server.init("--wal-segsize=64")
+    try:
+        migrate = _manage(server, "migrate", "--verbosity", "0")
+        assert migrate.wait(timeout=120) == 0, migrate.stderr.read() if migrate.stderr else ""
+        n = 800
+        ids = [f"d-{k:04d}" for k in range(n)]
+        fill = _manage(
+            server, "shell", "-c",
+            "from django_inbox import store\n"
+            f"for i in {json.dumps(ids)}:\n"
+            "    store(consumer='effects', message_id=i, event_type='effect.write', "
+            "payload={'sleep': 0.02, 'pad': 'x' * 500})",
+        )  # fmt: skip
+        assert fill.wait(timeout=120) == 0, fill.stderr.read() if fill.stderr else ""
+
+        workers = [
+            _manage(server, "inbox_process", "--consumer", "effects", EFFECTS_LEASE="120")
+            for _ in range(2)
+        ]
+        done_before = _wait_for_completed(server, 100)
+        filled = _fill(small_disk / "filler")
+        time.sleep(1)  # what was running when the disk filled ends
+        (before,) = _query(
+            server,
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'inbox'",
+        )[0]
+        cpu_before = [_cpu_seconds(proc.pid) for proc in workers]
+        time.sleep(12)
+        (after,) = _query(
+            server,
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'inbox'",
+        )[0]
+        cpu_full = [_cpu_seconds(proc.pid) - c for proc, c in zip(workers, cpu_before, strict=True)]
+        alive_while_full = [proc.poll() is None for proc in workers]
+        stuck = dict(
+            _query(server, "SELECT status, count(*) FROM django_inbox_inboxmessage GROUP BY 1")
+        )
+        (small_disk / "filler").unlink()
+
+        deadline = time.monotonic() + 180
+        left = n
+        while time.monotonic() < deadline and left:
+            (left,) = _query(
+                server,
+                "SELECT count(*) FROM django_inbox_inboxmessage WHERE status <> 'completed'",
+            )[0]
+            time.sleep(0.5)
+        alive = [proc.poll() is None for proc in workers]
+        for proc in workers:
+            proc.send_signal(signal.SIGTERM)
+        outputs = [proc.communicate(timeout=60) for proc in workers]
+        counts = dict(
+            _query(server, "SELECT message_id, count(*) FROM effects_effect GROUP BY message_id")
+        )
+        attempts = dict(
+            _query(server, "SELECT attempts, count(*) FROM django_inbox_inboxmessage GROUP BY 1")
+        )
+    finally:
+        (small_disk / "filler").unlink(missing_ok=True)
+    lost = sum(1 for i in ids if counts.get(i, 0) == 0)
+    doubled = sum(1 for c in counts.values() if int(c) > 1)  # type: ignore[call-overload]
+    transactions = int(after) - int(before)  # type: ignore[call-overload]
+    logs = [err[-3000:] for _, err in outputs]
+    print(
+        f"filled {filled / 2**20:.0f} MiB after {done_before} completed; while full: "
+        f"{transactions} transactions in 12 s, worker CPU {cpu_full}, statuses {stuck}; "
+        f"after: lost={lost} doubled={doubled} attempts={attempts}"
+    )
+    assert alive_while_full == [True, True] and alive == [True, True], logs
+    assert [proc.returncode for proc in workers] == [0, 0], logs
+    assert any("could not extend file" in log or "No space left" in log for log in logs), logs
+    assert not {"failed", "dead"} & set(stuck), ("a full disk used up attempts", stuck)
+    # Waiting, not spinning: backoff (0.5 s doubling) allows a few tries a worker in 12 s;
+    # a loop that retried at once would run hundreds of transactions.
+    assert transactions < 200, transactions
+    assert (lost, doubled) == (0, 0)
+    assert attempts == {1: n}, "no attempt was used up by the full disk"
+
+
+def _wait_for_completed(server: Cluster, n: int, timeout: float = 120.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        (done,) = _query(
+            server, "SELECT count(*) FROM django_inbox_inboxmessage WHERE status = 'completed'"
+        )[0]
+        if int(done) >= n:  # type: ignore[call-overload]
+            return int(done)  # type: ignore[call-overload]
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} messages completed in {timeout:.0f} s")

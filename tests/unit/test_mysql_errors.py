@@ -43,6 +43,10 @@ ENDED = [
     (1053, "Server shutdown in progress"),
     (1040, "Too many connections"),
     (2003, "Can't connect to server on '127.0.0.1' (111)"),
+    # out of disk or memory: infrastructure, waited for like an outage
+    (1114, "The table 'effects_effect' is full"),
+    (1021, "Disk full (/var/tmp/#sql_1.MAI); waiting for someone to free some space..."),
+    (1041, "Out of memory; check if mysqld or some other process uses all available memory"),
 ]
 
 
