@@ -22,6 +22,8 @@ from bench.timing import Series, django_backend_pid, measure
 ROWS = _env_int("BENCH_TOMBSTONE_ROWS", 200_000)
 BATCH = 5_000
 STONES = "django_inbox_inboxtombstone"
+INBOX = "django_inbox_inboxmessage"
+TRIGGER = "django_inbox_late_copy"
 
 
 def _purge_rate(keep: bool) -> tuple[float, int]:
@@ -97,6 +99,12 @@ def bench_tombstones() -> dict[str, Any]:
         full = _new_deliveries(f"{storage['tombstones']:,} tombstones")
         bench_sql(f"TRUNCATE {STONES}")
         empty = _new_deliveries("no tombstones")
+        # The trigger's own cost: the same deliveries with it disabled (restored after).
+        bench_sql(f"ALTER TABLE {INBOX} DISABLE TRIGGER {TRIGGER}")
+        try:
+            bare = _new_deliveries("no trigger")
+        finally:
+            bench_sql(f"ALTER TABLE {INBOX} ENABLE TRIGGER {TRIGGER}")
     finally:
         truncate_inbox()
         bench_sql(f"TRUNCATE {STONES}")
@@ -113,6 +121,8 @@ def bench_tombstones() -> dict[str, Any]:
         "deliver_new_empty": empty,
         "deliver_new_full": full,
         "deliver_ratio_full_over_empty": round(full["median"] / empty["median"], 3),
+        "deliver_new_no_trigger": bare,
+        "deliver_ratio_trigger_over_none": round(empty["median"] / bare["median"], 3),
         "n": N,
     }
 
@@ -134,6 +144,10 @@ def render_tombstones(data: dict[str, Any]) -> str:
             f"{data['tombstones']:,} | {data['deliver_new_empty']['median']:,.0f} | "
             f"{data['deliver_new_full']['median']:,.0f} | "
             f"{data['deliver_ratio_full_over_empty']:.2f} |",
+            f"| new `deliver()`, msg/s (median), the late-copy trigger disabled / enabled "
+            f"(empty table) | {data['deliver_new_no_trigger']['median']:,.0f} | "
+            f"{data['deliver_new_empty']['median']:,.0f} | "
+            f"{data['deliver_ratio_trigger_over_none']:.2f} |",
             "",
             f"A tombstone takes {data['total_bytes_per_tombstone']:.1f} bytes with its indexes "
             f"({data['heap_bytes_per_tombstone']:.1f} in the heap), against figure 6's ~244 "

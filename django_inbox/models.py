@@ -11,6 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from . import clock
 from .db.identity import identified, identity_keywords
 from .db.json import HistoryField, StoredJSONField
 from .intake.validation import ATTEMPTS_MAX as ATTEMPTS_MAX
@@ -50,7 +51,7 @@ class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
 
     def due(self, now: datetime | None = None) -> InboxMessageQuerySet:
         """Rows a worker may claim now: new, due for retry, or whose lease expired."""
-        return self.filter(status__in=POLLED_STATUSES, next_attempt_at__lte=now or timezone.now())
+        return self.filter(status__in=POLLED_STATUSES, next_attempt_at__lte=now or clock.now())
 
     def completed(self) -> InboxMessageQuerySet:
         return self.filter(status=InboxMessage.Status.COMPLETED)
@@ -68,7 +69,7 @@ class InboxMessageQuerySet(models.QuerySet["InboxMessage"]):
         """``in_progress`` rows whose lease has expired: their worker died or hangs."""
         # For in_progress rows next_attempt_at equals locked_until, and is indexed.
         return self.filter(
-            status=InboxMessage.Status.IN_PROGRESS, next_attempt_at__lt=now or timezone.now()
+            status=InboxMessage.Status.IN_PROGRESS, next_attempt_at__lt=now or clock.now()
         )
 
 

@@ -38,9 +38,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from django.utils import timezone
-
-from . import events, history, signals
+from . import clock, events, history, signals
 from .conf import inbox_settings
 from .db import on_commit
 
@@ -270,7 +268,7 @@ def _record(state: Suppressing, *, start: int = 0) -> list[dict[str, Any]]:
     calls: dict[str, int] = {}
     for function in state.functions[start:]:
         calls[function] = calls.get(function, 0) + 1
-    now = timezone.now()
+    now = clock.now()
     listened = signals.listened(signals.side_effect_suppressed)
     entries = []
     for function, count in calls.items():

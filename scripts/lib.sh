@@ -134,6 +134,17 @@ ensure_mariadb_client() {
         libmariadb-dev pkg-config
 }
 
+# PgBouncer (Debian's package; the tests start their own, on a port of their own, in front
+# of the machine's PostgreSQL): the inbox is proven behind it in transaction mode.
+ensure_pgbouncer() {
+    [ -x /usr/sbin/pgbouncer ] && return
+    step "installing PgBouncer (Debian package)"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer
+}
+
 ensure_mariadb() {
     port_open 3306 && return
     step "starting MariaDB"

@@ -69,6 +69,10 @@ def subprocess_env(db_url: str) -> dict[str, str]:
     env["DATABASE_URL"] = db_url
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "testproject"), str(ROOT)])
     env.setdefault("INBOX_LOG_LEVEL", "ERROR")
+    # As in production: with the test project's DEBUG on, Django logs every query, and the
+    # inbox then prepares none of its statements (django_inbox.db.preparing), so the
+    # processes would run a path production does not.
+    env.setdefault("DEBUG", "0")
     return env
 
 

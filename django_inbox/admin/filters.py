@@ -8,9 +8,9 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from .. import clock
 from ..conf import inbox_settings
 from ..models import ATTENTION_STATUSES, InboxMessage
 from ..registry import registry
@@ -86,7 +86,7 @@ class ReceivedFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        now = timezone.now()
+        now = clock.now()
         if value in self.WINDOWS:
             return queryset.filter(received_at__gte=now - self.WINDOWS[value])
         if value == "older":

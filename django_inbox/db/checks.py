@@ -2,8 +2,9 @@
 transactions (E008, E009), on an engine the guarantees are tested on (W002; MySQL itself is
 told from MariaDB by asking the server), keep its workers' connections long enough (W004),
 store any text (W005, asked of the server), on SQLite let several processes take turns
-writing (W006), and on MariaDB and MySQL read what other transactions committed (W007).
-Tagged ``database``; W005 and MySQL's W002 are asked of the server, so they run when checks
+writing (W006), on MariaDB and MySQL read what other transactions committed (W007), and
+behind a pooler such as PgBouncer neither prepare statements nor hold cursors (W012).
+Tagged ``database``; W005, W012 and MySQL's W002 are asked of the server, so they run when checks
 run for the database (``migrate``, ``check --database``), the others with a plain
 ``manage.py check``."""
 
@@ -61,6 +62,7 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     if alias in (kwargs.get("databases") or ()):
         errors += _encoding(alias)
         errors += _mysql_itself(alias)
+        errors += _pooler(alias, config)
     return errors
 
 
@@ -205,5 +207,52 @@ def _reconnecting(alias: str, config: dict[str, Any], engine: str) -> list[Check
                 f"{RECONNECT_WARNING_SECONDS} seconds, in the settings the workers run with."
             ),
             id="django_inbox.W004",
+        )
+    ]
+
+
+def _pooler(alias: str, config: dict[str, Any]) -> list[CheckMessage]:
+    """W012: a PostgreSQL reached through a proxy or a connection pooler (the server listens
+    on another port than the one connected to), with the inbox's prepared statements on or
+    Django's server-side cursors allowed. PgBouncer in transaction mode (before 1.22, or
+    without ``max_prepared_statements``) hands each transaction another server connection:
+    a statement prepared on one is unknown on the next, and a cursor kept open between
+    transactions (``.iterator()`` outside a transaction) is gone. The inbox notices the first
+    (it stops preparing, with a warning, and a transaction that met it is not counted against
+    its message); this says so before it happens. Asked of the server, like W005."""
+    from django.db import DatabaseError, connections
+
+    from ..conf import inbox_settings
+
+    connection: Any = connections[alias]
+    if connection.vendor != "postgresql":
+        return []
+    try:
+        connection.ensure_connection()
+        connected = int(connection.connection.info.port)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('port')::int")
+            listening = int(cursor.fetchone()[0])
+    except (DatabaseError, AttributeError, TypeError, ValueError):
+        return []  # unreachable or not psycopg 3: other checks and commands say so
+    if connected == listening:
+        return []
+    wrong = []
+    if inbox_settings.prepared_statements:
+        wrong.append("INBOX_PREPARED_STATEMENTS = False")
+    if not config.get("DISABLE_SERVER_SIDE_CURSORS", False):
+        wrong.append(f"DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] = True")
+    if not wrong:
+        return []
+    return [
+        Warning(
+            f"DATABASES[{alias!r}] connects to port {connected}, and the PostgreSQL server "
+            f"behind it listens on {listening}: a proxy or a connection pooler is in between. "
+            "In transaction mode (PgBouncer's, before 1.22 or without "
+            "max_prepared_statements) it needs " + " and ".join(wrong) + ".",
+            hint="Set them in the settings the inbox's processes run with (see the 'Running "
+            "at scale' how-to), or silence this check if the proxy keeps sessions "
+            "(PgBouncer's session mode, a plain TCP proxy).",
+            id="django_inbox.W012",
         )
     ]

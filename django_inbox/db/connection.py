@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
+from .. import clock
 from . import preparing
 
 #: SQLSTATEs that close the connection but are the handler's doing: it sat idle inside its
@@ -63,17 +64,22 @@ def out_of_resources(exc: BaseException) -> bool:
     return sqlstate(exc) in RESOURCES_EXHAUSTED
 
 
-#: Conflicts between transactions, which end a statement or its transaction but leave the
-#: connection usable: a deadlock (PostgreSQL 40P01, MySQL and MariaDB 1213), a serialisation
-#: failure (40001), a lock waited for past ``lock_timeout`` (55P03; 1205).
-CONFLICT_STATES = ("40P01", "40001", "55P03")
-MYSQL_CONFLICTS = frozenset({1205, 1213})
+#: Conflicts between transactions, and statements that ran out of time, which end a statement
+#: or its transaction but leave the connection usable: a deadlock (PostgreSQL 40P01, MySQL and
+#: MariaDB 1213), a serialisation failure (40001), a lock waited for past ``lock_timeout``
+#: (55P03; 1205), a statement cancelled by ``statement_timeout`` or an operator's
+#: ``pg_cancel_backend`` (57014; MariaDB's ``max_statement_time`` 1969, MySQL's
+#: ``max_execution_time`` 3024).
+CONFLICT_STATES = ("40P01", "40001", "55P03", "57014")
+MYSQL_CONFLICTS = frozenset({1205, 1213, 1969, 3024})
 
 
 def conflicted(exc: BaseException) -> bool:
-    """Whether ``exc`` is a conflict with another transaction (:data:`CONFLICT_STATES`). In a
-    handler it is the handler's failed attempt; in the inbox's own statements (a worker's
-    claim, a gap sweep, a shared batch's commit) it is no one's, and they are tried again."""
+    """Whether ``exc`` is a conflict with another transaction or a statement that ran out of
+    time (:data:`CONFLICT_STATES`). In a handler's own code it is the handler's failed attempt
+    (a query that times out every time ends ``dead``); in the inbox's own statements (a
+    worker's claim and completion, a gap sweep, a shared batch's commit, the relay's claim) it
+    is no one's: nothing of them committed, and they are tried again."""
     found = mysql_error(exc)
     if found is not None:
         return found[0] in MYSQL_CONFLICTS
@@ -82,7 +88,15 @@ def conflicted(exc: BaseException) -> bool:
 
 def keep_connection(using: str) -> None:
     """Between units of work: close ``using``'s connection only if it is broken or older than
-    a positive ``CONN_MAX_AGE``; give every other alias Django's usual treatment."""
+    a positive ``CONN_MAX_AGE``; give every other alias Django's usual treatment. Then, every
+    :data:`~django_inbox.clock.REFRESH` seconds, measure this host's clock against the
+    database's (:mod:`django_inbox.clock`), which leases are computed on."""
+    _keep(using)
+    if not connections[using].in_atomic_block:
+        clock.refresh(using)
+
+
+def _keep(using: str) -> None:
     for connection in connections.all(initialized_only=True):
         if connection.alias != using:
             connection.close_if_unusable_or_obsolete()

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from .. import clock
 from ..db import statements
 from ..db.statements import KeyState, Taken
 from ..models import InboxMessage
@@ -45,7 +46,6 @@ class PostgreSQL(Portable):
         records it applied, completes the row (fenced on its lease) and makes the next
         version due, before the handler runs (an operator's skip ahead is not completed: it
         goes ``skipped``)."""
-        from django.utils import timezone
 
         rerun = bool(message.rerun)
         if message.sequence is None or message.skip_requested:
@@ -60,7 +60,7 @@ class PostgreSQL(Portable):
             first,
             message.pk,
             message.lease_id,
-            timezone.now(),
+            clock.now(),
             using,
             rerun=rerun,
         )

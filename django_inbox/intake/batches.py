@@ -7,8 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
-from django.utils import timezone
-
+from .. import clock
 from ..conf import inbox_settings
 from ..db.connection import connection_lost
 from ..models import InboxMessage
@@ -41,7 +40,7 @@ def deliver_batch(rows: list[NewRow]) -> list[Outcome]:
         or any(ordering.applies(r.consumer, r.key) for r in batch)
     ):
         return [deliver_row(row, using) for row in batch]
-    now = timezone.now()
+    now = clock.now()
     for row in batch:
         row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
     ran: dict[tuple[str, str], InboxMessage] = {}

@@ -17,9 +17,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from django.utils import timezone
-
-from .. import events, history
+from .. import clock, events, history
 from ..conf import inbox_settings
 from ..db import statements
 from ..db.connection import connection_lost
@@ -155,7 +153,7 @@ def deliver_row(
 
     if row.key and ordering.applies(row.consumer, row.key):
         return _deliver_ordered(row, handler, using)
-    now = timezone.now()
+    now = clock.now()
     row.status, row.attempts, row.processed_at = Status.COMPLETED, 1, now
     pk: int | None = None
     message: InboxMessage | None = None
@@ -186,7 +184,7 @@ def _deliver_ordered(row: NewRow, handler: Handler, using: str) -> Outcome:
     ``completed`` with the handler's writes and the key's new applied sequence), or store it
     ``skipped`` (stale) or ``waiting`` (a gap). Then run the versions it made due, each in
     its own transaction."""
-    now = timezone.now()
+    now = clock.now()
     pk: int | None = None
     status: str | None = None
     verdict: ordering.Verdict | None = None
@@ -227,7 +225,7 @@ def _deliver_ordered(row: NewRow, handler: Handler, using: str) -> Outcome:
 
 def _deliver_redelivered(row: NewRow, using: str) -> Outcome:
     """A redelivery the inbox has no record of: count the lost attempt, then run durably."""
-    now = timezone.now()
+    now = clock.now()
     entry = history.error_entry(
         None,
         attempt=1,
@@ -256,7 +254,7 @@ def _record_first_failure(
     row: NewRow, exc: Exception, handler: Handler, using: str, duration: float | None = None
 ) -> Outcome:
     """Store a new message whose first attempt failed (its own transaction)."""
-    now = timezone.now()
+    now = clock.now()
     policy = RetryPolicy.for_handler(row.consumer, handler)
     status, delay = failure_outcome(exc, 1, policy)
     row.next_attempt_at = None if delay is None else now + timedelta(seconds=delay)

@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.utils import timezone
-
-from .. import history
+from .. import clock, history
 from ..db import tombstones
 from ..db.statements import NewRow
 from ..models import InboxMessage
@@ -33,7 +31,7 @@ def is_late(row: NewRow, intended: str) -> bool:
 
 def record(row: NewRow, pk: int, using: str) -> None:
     """Write a late copy's reason on its row ``pk`` (in the insert's transaction)."""
-    now = timezone.now()
+    now = clock.now()
     found = tombstones.find(row.consumer, row.message_id, using)
     reason = (
         found.reason()

@@ -7,9 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from django.utils import timezone
-
-from .. import events, history
+from .. import clock, events, history
 from ..conf import inbox_settings
 from ..exceptions import InvalidMessage, Reject, UnknownConsumer, UnknownEventType
 from ..models import InboxMessage
@@ -69,7 +67,7 @@ def store(
     def insert() -> bool:
         if registry.get(row.consumer, row.event_type) is None:
             return unhandled(row, using) is not None
-        now = timezone.now()
+        now = clock.now()
         row.next_attempt_at = now
         pk = rows.insert(row, now, using)
         if pk is not None and row.status == Status.PARKED:
@@ -171,7 +169,7 @@ def _encode_or_note(name: str, value: Any, max_bytes: int) -> str:
 
 
 def _insert_dead(row: NewRow, reason: str, error_type: str, using: str) -> bool:
-    now = timezone.now()
+    now = clock.now()
     entry = history.error_entry(
         Reject(reason), attempt=0, at=now, outcome=Status.DEAD, error_type=error_type
     )

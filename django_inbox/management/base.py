@@ -12,6 +12,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from .. import clock
 from ..conf import inbox_settings
 from ..db.connection import describe, table_exists
 from ..db.outage import misconfigured, refused_for_settings
@@ -72,7 +73,7 @@ def moment(value: str) -> datetime:
     parsed = parse_datetime(value)
     if parsed is None:
         try:
-            return timezone.now() - timedelta(seconds=to_seconds(value))
+            return clock.now() - timedelta(seconds=to_seconds(value))
         except ValueError:
             raise ArgumentTypeError(
                 f"{value!r} is neither an ISO 8601 time (2026-11-21T03:00) nor a duration "

@@ -12,6 +12,11 @@ any, so that it waits for a purge deleting it right now and then sees the tombst
 purge committed. The inbox writes the reason after the insert. Other databases: the inbox
 reads the tombstone after its insert.
 
+The function runs with ``enable_seqscan = off``: PL/pgSQL keeps a plan for a session's life,
+and one made while the table was small (a new deployment, a bulk load in one statement) would
+read the table whole for every insert after it; with it off, both looks are index probes
+whatever the statistics said when the plan was made.
+
 The SQL is written out here, not imported: a migration builds what it built the day it was
 written. ``tests/unit/test_tombstones.py`` checks that the trigger's digest function computes what
 ``django_inbox.db.tombstones.digest`` does.
@@ -61,7 +66,8 @@ $body$
     )
     schema_editor.execute(
         f"""
-CREATE OR REPLACE FUNCTION {TRIGGER}() RETURNS trigger LANGUAGE plpgsql AS $body$
+CREATE OR REPLACE FUNCTION {TRIGGER}() RETURNS trigger LANGUAGE plpgsql
+SET enable_seqscan = off AS $body$
 BEGIN
     -- Wait for a purge deleting this pair's row now; the next statement's snapshot then
     -- holds the tombstone it committed. A purge that comes later waits for this lock.

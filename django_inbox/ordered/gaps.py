@@ -9,9 +9,8 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Exists, F, Min, OuterRef, QuerySet
-from django.utils import timezone
 
-from .. import events, history
+from .. import clock, events, history
 from ..conf import inbox_settings
 from ..db.aside import with_status
 from ..models import InboxKey, InboxMessage
@@ -38,7 +37,7 @@ def jump_gap(pk: int, consumer: str, key: str, sequence: int, using: str) -> int
         state = lock(consumer, key, using, wait=True)
         if state is None:
             return None
-        now = timezone.now()
+        now = clock.now()
         state, _ = finish_rebuild(consumer, key, state, now, using)
         through = state.rebuild_through
         base = state.applied if through is None else through
@@ -121,7 +120,7 @@ def park_expired_gaps(using: str | None = None, *, consumer: str | None = None) 
     applies to rows already waiting (:func:`apply_gap_timeout`). Returns how many rows were
     parked. Called by ``inbox_process`` and ``inbox_reclaim``."""
     using = using or inbox_settings.database
-    now = timezone.now()
+    now = clock.now()
     if consumer is not None:
         apply_gap_timeout(consumer, now, using)
     rows = expired_waiting(using, consumer=consumer, now=now)
@@ -153,7 +152,7 @@ def delete_dead_version(pk: int, consumer: str, key: str, sequence: int, using: 
         lock(consumer, key, using, wait=True)
         gone, _ = InboxMessage.objects.using(using).filter(pk=pk, status=Status.DEAD).delete()
         if gone:
-            now = timezone.now()
+            now = clock.now()
             InboxMessage.objects.using(using).filter(
                 consumer=consumer,
                 key=key,
@@ -182,7 +181,7 @@ def rearm_orphans(using: str | None = None, *, consumer: str | None = None) -> i
     if consumer is not None:
         rows = rows.filter(consumer=consumer)
     orphans = list(rows.filter(~Exists(predecessor)).values_list("pk", flat=True))
-    now = timezone.now()
+    now = clock.now()
     moved = 0
     for start in range(0, len(orphans), SWEEP_BATCH):
         batch = orphans[start : start + SWEEP_BATCH]
@@ -199,7 +198,7 @@ def expired_waiting(
 ) -> QuerySet[InboxMessage]:
     """``waiting`` rows past their gap deadline (of ``consumer``, if given)."""
     rows = InboxMessage.objects.using(using).filter(
-        status=Status.WAITING, next_attempt_at__lte=now or timezone.now()
+        status=Status.WAITING, next_attempt_at__lte=now or clock.now()
     )
     return rows if consumer is None else rows.filter(consumer=consumer)
 

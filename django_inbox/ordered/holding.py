@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.utils import timezone
 
-from .. import events
+from .. import clock, events
 from ..db.statements import NewRow
 from ..exceptions import LeaseLost
 from ..models import InboxMessage
@@ -56,7 +55,7 @@ def hold(message: InboxMessage, using: str) -> Hold:
         result.outcome = Outcome.IN_PROGRESS
         return result
     assert state is not None
-    now = timezone.now()
+    now = clock.now()
     if state.rebuilding and not rerun:  # a re-run with nothing left to run is over
         state, ended = rebuilds.finish_rebuild(message.consumer, message.key, state, now, using)
         result.released += ended
@@ -128,7 +127,7 @@ def place_new(row: NewRow, now: datetime, using: str) -> tuple[Verdict, list[str
 def held_back(message: InboxMessage, outcome: Outcome, using: str) -> Outcome:
     """Report a row :func:`hold` did not run; give back one whose key was busy."""
     if outcome is Outcome.IN_PROGRESS:
-        now = timezone.now()
+        now = clock.now()
         with transaction.atomic(using=using):
             leases.release(message, now, using, due=now + timedelta(seconds=BUSY_DELAY))
         return outcome

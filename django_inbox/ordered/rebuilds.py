@@ -13,8 +13,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db.models import QuerySet
-from django.utils import timezone
 
+from .. import clock
 from ..db.statements import KeyState
 from ..models import InboxKey, InboxMessage
 from . import ordering
@@ -70,6 +70,6 @@ def after_rerun(message: InboxMessage, using: str) -> list[str]:
         return []
     state = KeyState(*found)
     _, released = finish_rebuild(
-        message.consumer, message.key, state, timezone.now(), using, exclude=message.pk
+        message.consumer, message.key, state, clock.now(), using, exclude=message.pk
     )
     return released

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q, QuerySet
 
+from .. import clock
 from ..conf import inbox_settings
 from ..models import InboxMessage
 
@@ -90,12 +91,11 @@ def release_unordered(consumer: str, using: str) -> int:
     """``waiting`` rows of ``consumer`` when it is no longer ordered: nothing would release
     them, so they are due now (those an operator skipped are ``skipped``). One probe of the
     waiting rows' index when there are none. Returns how many changed."""
-    from django.utils import timezone
 
     rows = InboxMessage.objects.using(using).filter(consumer=consumer, status=Status.WAITING)
     if not rows.exists():
         return 0
-    now = timezone.now()
+    now = clock.now()
     note = "released: the consumer is no longer ordered"
     skipped = rows.filter(skip_requested=True).update(
         status=Status.SKIPPED,

@@ -10,10 +10,10 @@ from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from .. import clock
 from ..admin.actions import Action, ConfirmedActions, confirmed_action
 from ..admin.filters import ExactFilter
 from ..admin.guards import payload_lookup_allowed, refuse_unstorable_query
@@ -181,7 +181,7 @@ class OutboxMessageAdmin(ConfirmedActions, _Base):
 
     @admin.display(description="age")
     def age(self, row: OutboxMessage) -> str:
-        seconds = (timezone.now() - row.created_at).total_seconds()
+        seconds = (clock.now() - row.created_at).total_seconds()
         for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
             if seconds >= size:
                 return f"{seconds / size:.0f}{unit}"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db.models import Count, Max, Min
-from django.utils import timezone
 
+from .. import clock
 from ..conf import inbox_settings
 from ..db import statements
 from ..wording import counted
@@ -63,7 +63,7 @@ def collect(now: datetime | None = None) -> OutboxStats:
     """Pending rows and the oldest one's age, and dead rows, each counted over its partial
     index; ``sent`` rows counted, or on a large table estimated (no scan; PostgreSQL, MariaDB
     and MySQL). With pending rows, what the relays do about them (:func:`_relaying`)."""
-    now = now or timezone.now()
+    now = now or clock.now()
     using = inbox_settings.database
     rows = OutboxMessage.objects.using(using).order_by()
     pending = rows.filter(status=Status.PENDING).aggregate(n=Count("pk"), oldest=Min("created_at"))

@@ -11,8 +11,8 @@ from datetime import datetime
 from django.db import connections
 from django.db.models import BooleanField, Min, Q, Subquery
 from django.db.models.expressions import RawSQL
-from django.utils import timezone
 
+from .. import clock
 from ..db import preparing
 from .models import OutboxMessage
 
@@ -79,7 +79,7 @@ def release(keys: Iterable[str], using: str, *, now: datetime | None = None) -> 
     keys = sorted({key for key in keys if key})
     if not keys:
         return 0
-    now = now or timezone.now()
+    now = now or clock.now()
     if connections[using].vendor == "postgresql":
         return _release_postgresql(keys, using, now)
     messages = OutboxMessage.objects.using(using)
@@ -142,7 +142,7 @@ def sweep(using: str, *, now: datetime | None = None) -> int:
         .annotate(first=Min("pk"))
         .values_list("first", flat=True)
     )
-    now = now or timezone.now()
+    now = now or clock.now()
     released = 0
     # By chunks: a parameter per key could pass the 65,535 that PostgreSQL takes (under
     # server-side binding) once that many keys have held rows, as after a broker outage.

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.db import connections, transaction
-from django.utils import timezone
 
+from .. import clock
 from ..conf import inbox_settings
 from ..db import on_commit, preparing
 from ..exceptions import InvalidField, InvalidPayload, PayloadTooLarge
@@ -165,7 +165,7 @@ def _insert(values: list[Any], cause: list[str], using: str) -> None:
             f"VALUES (%s, %s, {json}, {json}, %s, %s, %s, 'pending', 0, '', %s, %s, {due}, '', "
             "%s, %s)" + (f" RETURNING {returned}" if returns else "")
         )
-    stamp = connection.ops.adapt_datetimefield_value(timezone.now())
+    stamp = connection.ops.adapt_datetimefield_value(clock.now())
     key = values[-1]
     due_params = [key, key, key, stamp] if holds else [stamp]
     held_params = [key, key] if connection.vendor == "postgresql" else []

@@ -21,8 +21,9 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from .. import clock
 from ..conf import inbox_settings
-from ..db.connection import connection_lost
+from ..db.connection import conflicted, connection_lost
 from ..db.outage import misconfigured, refused_for_settings
 from ..processing.retry import Backoff, used_up
 from ..processing.shutdown import Shutdown
@@ -124,11 +125,18 @@ class Relay:
                         self._give_up_unless_reached(started)
                         self._back_off()
                         continue
+                    clock.refresh(self.using)  # leases on the database's clock
                     self._sweep()
                     done = self.run_once()
                 except DatabaseError as exc:
                     if refused_for_settings(exc):  # no such database or role: not an outage
                         raise misconfigured(exc, self.using) from None
+                    if conflicted(exc) and not connection_lost(exc, self.using):
+                        # A statement of the relay timed out or met a deadlock: nothing of it
+                        # committed; what it had claimed comes back after its lease.
+                        logger.warning("outbox relay: %s; trying again", exc)
+                        self._back_off()
+                        continue
                     if not connection_lost(exc, self.using):
                         raise
                     # The database went away: what was claimed comes back after its lease.

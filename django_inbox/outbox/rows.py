@@ -15,8 +15,8 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest, Least
-from django.utils import timezone
 
+from .. import clock
 from ..db.statements.common import fence
 from ..intake.validation import ATTEMPTS_MAX
 from ..processing import retry
@@ -56,7 +56,7 @@ def claim(limit: int, using: str, *, now: datetime | None = None) -> tuple[str, 
     relay holds are skipped (``SKIP LOCKED``). Returns the lease id and the rows in the order
     written (by primary key).
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     lease_id = str(uuid.uuid4())
     until = now + timedelta(seconds=outbox_settings.lease)
     rows = (
@@ -114,7 +114,7 @@ def mark_sent(pks: list[int], lease_id: str, using: str, keys: Iterable[str] = (
     keys."""
     if not pks:
         return 0
-    now = timezone.now()
+    now = clock.now()
     sent = (
         OutboxMessage.objects.using(using)
         .filter(pk__in=pks, lease_id=fence(lease_id))
@@ -143,7 +143,7 @@ def backoff(attempts: int) -> float:
 def fail(row: Claimed, lease_id: str, error: str, using: str, *, dead: bool = False) -> str:
     """A publication of ``row`` failed: ``pending`` again after a backoff, or ``dead`` once its
     attempts are used up (or at once with ``dead``). Returns the new status."""
-    now = timezone.now()
+    now = clock.now()
     used_up = retry.used_up(row.attempts, outbox_settings.max_attempts)
     dead = dead or used_up
     reason = storable(error)[:MAX_ERROR]
@@ -171,7 +171,7 @@ def give_back(pks: list[int], lease_id: str, using: str) -> int:
     attempt not counted. Fenced on the lease alone, as :func:`mark_sent` is."""
     if not pks:
         return 0
-    now = timezone.now()
+    now = clock.now()
     return (
         OutboxMessage.objects.using(using)
         .filter(pk__in=pks, lease_id=fence(lease_id))

@@ -11,8 +11,8 @@ from typing import Any, Unpack
 
 from django.db import DatabaseError, transaction
 from django.db.models import Count, QuerySet
-from django.utils import timezone
 
+from .. import clock
 from ..conf import inbox_settings
 from ..db.aside import with_status
 from ..db.connection import table_exists
@@ -67,7 +67,7 @@ def replay_dead(rows: QuerySet[OutboxMessage], **options: Unpack[ActionOptions])
     others = selected.exclude(status__in=REPLAYABLE).values("status").annotate(n=Count("pk"))
     for other in others:
         result.refused[f"{other['status']} (not dead)"] += other["n"]
-    now = timezone.now()
+    now = clock.now()
     changes: dict[str, Any] = {
         "status": Status.PENDING,
         "attempts": 0,
@@ -127,7 +127,7 @@ def purge(*, older_than: float | None = None, batch_size: int = 1000) -> int:
     ``INBOX_OUTBOX_RETENTION``), ``batch_size`` per statement. Returns how many."""
     using = inbox_settings.database
     retention = outbox_settings.retention if older_than is None else older_than
-    cutoff = timezone.now() - timedelta(seconds=retention)
+    cutoff = clock.now() - timedelta(seconds=retention)
     deleted = 0
     while True:
         batch = list(

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
-from .. import events, history, side_effects
+from .. import clock, events, history, side_effects
 from ..conf import inbox_settings
-from ..db.connection import connection_lost, transaction_aborted
+from ..db.connection import conflicted, connection_lost, transaction_aborted
 from ..db.json import unreadable
 from ..exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted, UnreadableMessage
 from ..models import InboxMessage
@@ -84,15 +84,16 @@ def attempt(message: InboxMessage, *, using: str | None = None) -> Attempted:
                 released = held.released
             if held.outcome is None:
                 run_handler(handler, message, using)
-                now = timezone.now()
-                if held.completed:
-                    completed = True  # completed with its key's lock, before the handler
-                elif ordered and message.sequence is not None:
-                    completed, released = ordering.complete(
-                        message, now, using, applied=held.applied
-                    )
-                else:
-                    completed = leases.complete(message, now, using)
+                now = clock.now()
+                with own_statements():
+                    if held.completed:
+                        completed = True  # completed with its key's lock, before the handler
+                    elif ordered and message.sequence is not None:
+                        completed, released = ordering.complete(
+                            message, now, using, applied=held.applied
+                        )
+                    else:
+                        completed = leases.complete(message, now, using)
                 if not completed:
                     raise LeaseLost(message.pk)
                 if ordered and message.rerun:  # the re-run's last version ends the re-run
@@ -106,12 +107,29 @@ def attempt(message: InboxMessage, *, using: str | None = None) -> Attempted:
         )
         return Attempted(Outcome.IN_PROGRESS)  # what it released rolled back with the rest
     except Exception as exc:
-        if connection_lost(exc, using):
-            raise  # infrastructure, not the handler: the caller gives the row back later
+        if connection_lost(exc, using) or (getattr(exc, OWN, False) and conflicted(exc)):
+            # Infrastructure, or the inbox's own completion timed out or met a conflict: not
+            # the handler's failure. The caller gives the row back later, uncounted.
+            raise
         duration = time.perf_counter() - started
         return Attempted(record_failure(message, exc, handler, using=using, duration=duration))
     processed(message, time.perf_counter() - started, using)
     return Attempted(Outcome.PROCESSED, tuple(released))
+
+
+#: Set on an exception of the inbox's own statements in an attempt (its completion).
+OWN = "_inbox_own_statement"
+
+
+@contextmanager
+def own_statements() -> Iterator[None]:
+    """Mark what the inbox's own statements raise inside the handler's transaction, so that
+    their timeout or conflict is not taken for the handler's failure."""
+    try:
+        yield
+    except Exception as exc:
+        setattr(exc, OWN, True)
+        raise
 
 
 def unreadable_reason(message: InboxMessage) -> str | None:
@@ -121,12 +139,13 @@ def unreadable_reason(message: InboxMessage) -> str | None:
 
 
 def attempt_one(claimed: list[InboxMessage], using: str) -> Attempted:
-    """Attempt the row a claim by id returned; if the database connection is lost meanwhile,
-    note the row to give back once the database answers (the error is raised on)."""
+    """Attempt the row a claim by id returned; if the database connection is lost meanwhile
+    (or the inbox's own completion timed out), note the row to give back once the database
+    answers (the error is raised on)."""
     try:
         return attempt(claimed[0], using=using)
     except Exception as exc:
-        if connection_lost(exc, using):
+        if connection_lost(exc, using) or conflicted(exc):  # what attempt() did not record
             interruptions.note(claimed, using=using, running=claimed[0], error=exc)
         raise
 
@@ -252,7 +271,7 @@ def record_failure(
     duration: float | None = None,
 ) -> Outcome:
     """Record a failed attempt of a claimed row, fenced on its lease."""
-    now = timezone.now()
+    now = clock.now()
     policy = RetryPolicy.for_handler(message.consumer, handler)
     status, delay = failure_outcome(exc, message.attempts, policy)
     next_attempt_at = None if delay is None else now + timedelta(seconds=delay)

@@ -13,8 +13,8 @@ from datetime import timedelta
 from django.db import transaction
 from django.db.models import F, QuerySet, Value
 from django.db.models.functions import Least
-from django.utils import timezone
 
+from .. import clock
 from ..conf import inbox_settings
 from ..db.aside import with_status
 from ..db.connection import connection_lost
@@ -78,7 +78,7 @@ def claim_batch(
 def _claim(
     consumer: str, limit: int, using: str, message_id: str | None, lease_id: str
 ) -> list[InboxMessage]:
-    now = timezone.now()
+    now = clock.now()
     until = now + timedelta(seconds=inbox_settings.policy(consumer).lease)
     rows_of = family(using)
     if message_id is None:

@@ -6,9 +6,8 @@ again (:func:`give_back_interrupted`, from the notes of
 from __future__ import annotations
 
 from django.db import transaction
-from django.utils import timezone
 
-from .. import history
+from .. import clock, history
 from ..conf import inbox_settings
 from ..exceptions import ConnectionLost
 from ..models import InboxMessage
@@ -22,7 +21,7 @@ from .retry import RetryPolicy
 def release(messages: list[InboxMessage], *, using: str | None = None) -> int:
     """Give back claimed rows that were never started (e.g. on shutdown), attempt uncounted."""
     using = using or inbox_settings.database
-    now = timezone.now()
+    now = clock.now()
     with transaction.atomic(using=using):
         return sum(leases.release(message, now, using) for message in messages)
 
@@ -41,7 +40,7 @@ def give_back_interrupted(using: str | None = None) -> int:
     noted = interruptions.take(using)
     given = 0
     try:
-        now = timezone.now()
+        now = clock.now()
         with transaction.atomic(using=using):
             for entry in noted:
                 if entry.lease_id is not None:
@@ -62,7 +61,7 @@ def _give_back_running(row: InboxMessage, error: str, using: str) -> int:
     handler = registry.get(row.consumer, row.event_type)
     policy = RetryPolicy.for_handler(row.consumer, handler)
     if not policy.used_up(interruptions.free_interruptions(row)):
-        entry = history.interrupted_entry(row.attempts, error, at=timezone.now())
+        entry = history.interrupted_entry(row.attempts, error, at=clock.now())
         return leases.release_interrupted(row, entry, using)
     reason = (
         f"the database connection was lost during attempt {row.attempts}"

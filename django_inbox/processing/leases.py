@@ -23,9 +23,8 @@ from typing import Any
 
 from django.db.models import Case, F, QuerySet, Value, When
 from django.db.models.functions import Greatest
-from django.utils import timezone
 
-from .. import history
+from .. import clock, history
 from ..db import statements
 from ..db.statements.common import fence
 from ..models import InboxMessage
@@ -82,7 +81,7 @@ def complete(row: InboxMessage, now: datetime, using: str) -> bool:
 
 def complete_all(rows: list[InboxMessage], using: str) -> int:
     """Complete claimed rows of one lease with one ``UPDATE``; return how many it held."""
-    now = timezone.now()
+    now = clock.now()
     return (
         InboxMessage.objects.using(using)
         .filter(pk__in=[row.pk for row in rows], lease_id=fence(rows[0].lease_id))
@@ -137,7 +136,7 @@ def set_aside(
 
 def release_interrupted(row: InboxMessage, entry: dict[str, Any], using: str) -> int:
     """Give back the row whose attempt a lost connection cut short, ``entry`` saying so."""
-    now = timezone.now()
+    now = clock.now()
     return fenced(row, using).update(
         **_given_back(row, now), history=history.append(row.history, entry)
     )

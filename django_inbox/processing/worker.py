@@ -8,8 +8,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from django.utils import timezone
-
+from .. import clock
 from ..conf import inbox_settings
 from ..db.connection import conflicted, connection_lost, describe, keep_connection
 from ..db.outage import Outage
@@ -206,4 +205,4 @@ class Worker:
 
 def _lease_ran_out(message: InboxMessage) -> bool:
     """A row whose lease passed while it waited in the batch may already be someone else's."""
-    return message.locked_until is not None and message.locked_until <= timezone.now()
+    return message.locked_until is not None and message.locked_until <= clock.now()

@@ -16,9 +16,8 @@ from typing import Any, Unpack
 
 from django.db import transaction
 from django.db.models import Count, QuerySet
-from django.utils import timezone
 
-from .. import history, lifecycle
+from .. import clock, history, lifecycle
 from ..conf import inbox_settings
 from ..families import family
 from ..intake.storing import KEY_LOST
@@ -163,7 +162,7 @@ def _act(
             if not batch:
                 return result
             last_pk = batch[-1].pk
-            now = timezone.now()
+            now = clock.now()
             accepted = []
             for row in batch:
                 refusal = decide(row) if decide is not None else None

@@ -20,9 +20,8 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
-from django.utils import timezone
 
-from .. import lifecycle
+from .. import clock, lifecycle
 from ..conf import inbox_settings
 from ..db import tombstones
 from ..families import family
@@ -114,7 +113,7 @@ def expired(
     over ``INBOX_RETENTION`` / ``INBOX_DEAD_RETENTION``).
     """
     _check_purgeable(status)
-    now = now or timezone.now()
+    now = now or clock.now()
     column = PURGEABLE[Status(status)]
     rows = InboxMessage.objects.using(inbox_settings.database).filter(status=status)
     rows = rows.for_consumer(consumer)
@@ -170,7 +169,7 @@ def purge(
         _check_purgeable(status)
     result = PurgeResult(dry_run=dry_run)
     started = time.monotonic()
-    now = timezone.now()
+    now = clock.now()
     for status in statuses:
         age = older_than if explicit or status != Status.DEAD else None
         rows = expired(status, older_than=age, consumer=consumer, now=now)
@@ -240,7 +239,7 @@ def _delete_batch(rows: Any, status: str, limit: int) -> tuple[list[int], int]:
         stones = 0
         if status == Status.COMPLETED and deleted:
             gone = [(consumer, message_id, done) for _, consumer, message_id, done in deleted]
-            stones = tombstones.write(gone, timezone.now(), using)
+            stones = tombstones.write(gone, clock.now(), using)
     return [pk for pk, *_ in deleted], stones
 
 

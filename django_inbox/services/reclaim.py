@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
+from .. import clock
 from ..conf import inbox_settings
 from ..models import InboxMessage
 from ..ordered import gaps
@@ -61,7 +61,7 @@ def reclaimable(
     *, consumer: str | None = None, older_than: float = 0.0, now: datetime | None = None
 ) -> Any:
     """``in_progress`` rows whose lease expired and that were claimed ``older_than`` ago."""
-    now = now or timezone.now()
+    now = now or clock.now()
     rows = InboxMessage.objects.using(inbox_settings.database).for_consumer(consumer)
     return rows.stale(now).filter(updated_at__lte=now - timedelta(seconds=older_than))
 
@@ -94,7 +94,7 @@ def reclaim(
         result.parked_gaps = gaps.park_expired_gaps(using, consumer=consumer)
     seen: set[int] = set()
     while True:
-        now = timezone.now()
+        now = clock.now()
         with transaction.atomic(using=using):
             stale = reclaimable(consumer=consumer, older_than=older_than, now=now)
             batch = list(

@@ -28,9 +28,8 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
-from django.utils import timezone
 
-from .. import history
+from .. import clock, history
 from ..conf import inbox_settings
 from ..families import family
 from ..models import InboxKey, InboxMessage
@@ -67,7 +66,7 @@ def rerun_key(consumer: str, key: str, first: int, entry: dict[str, Any], using:
         key_plan = plan(consumer, key, first, using, lock=True)
         if not key_plan.runs:
             return key_plan
-        now = timezone.now()
+        now = clock.now()
         InboxKey.objects.using(using).filter(consumer=consumer, key=key).update(
             applied_sequence=key_plan.target, rerun_through=key_plan.through, updated_at=now
         )
@@ -141,7 +140,7 @@ def rerun_versions(
     using = inbox_settings.database
     entry = history.action_entry(
         "replay",
-        at=timezone.now(),
+        at=clock.now(),
         actor=actor,
         reason=reason,
         previous_status="",

@@ -7,9 +7,8 @@ from typing import Unpack
 
 from django.db import transaction
 from django.db.models import QuerySet
-from django.utils import timezone
 
-from .. import events, history
+from .. import clock, events, history
 from ..conf import inbox_settings
 from ..models import InboxMessage
 from ..ordered import ordering, rebuilds, waits
@@ -74,7 +73,7 @@ def _skip_one(
         )
         if row is None or state is None:
             return None
-        now = timezone.now()
+        now = clock.now()
         entry = history.action_entry(
             "skip",
             at=now,

@@ -13,9 +13,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Min, Q
-from django.utils import timezone
 
-from .. import companions
+from .. import clock, companions
 from ..conf import inbox_settings
 from ..db import statements
 from ..models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
@@ -151,7 +150,7 @@ def collect(
     ``completed`` counts are ``None``.
     """
     using = inbox_settings.database
-    now = timezone.now()
+    now = clock.now()
     if max_pending_age is None:
         max_pending_age = inbox_settings.max_pending_age
     rows = InboxMessage.objects.using(using).for_consumer(consumer).order_by()

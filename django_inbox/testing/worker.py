@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 
+from .. import clock
 from ..outcomes import Outcome
 
 
@@ -56,14 +57,13 @@ _MAX_ROUNDS = 100
 
 
 def _make_due(consumers: list[str] | None, *, failed: bool, leases: bool) -> None:
-    from django.utils import timezone
 
     from ..conf import inbox_settings
     from ..models import InboxMessage
 
     if not failed and not leases:
         return
-    now = timezone.now()
+    now = clock.now()
     rows = InboxMessage.objects.using(inbox_settings.database)
     if consumers:
         rows = rows.filter(consumer__in=consumers)

@@ -65,6 +65,12 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     if django.VERSION >= (5, 1):
         options.setdefault("transaction_mode", "IMMEDIATE")
 
+# Behind a pooler in transaction mode (the PgBouncer tests): what the "Running at scale" how-to
+# asks for.
+if env.bool("INBOX_TEST_POOLED", default=False):
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    INBOX_PREPARED_STATEMENTS = False
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -154,3 +160,15 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env.float("CELERY_VISIBILITY_TIMEOUT", default=3600.0)
 }
 CELERY_TASK_DEFAULT_QUEUE = env("CELERY_TASK_DEFAULT_QUEUE", default="inbox")
+
+# Tests of clock skew run a process whose clock is off by this many seconds (ahead if
+# positive): Django's clock, which the inbox reads, is shifted; the database's is not.
+CLOCK_SKEW = env.float("INBOX_TEST_CLOCK_SKEW", default=0.0)
+if CLOCK_SKEW:
+    import datetime as _datetime
+
+    from django.utils import timezone as _timezone
+
+    _skew = _datetime.timedelta(seconds=CLOCK_SKEW)
+    _real_now = _timezone.now
+    _timezone.now = lambda: _real_now() + _skew

@@ -103,6 +103,41 @@ def test_a_statement_timeout_counts_as_the_handlers_failure(manage) -> None:
     assert "statement timeout" in row.last_error
 
 
+@pytest.mark.parametrize("timeout", ["statement_timeout", "lock_timeout"])
+def test_timeouts_of_the_inbox_own_statements_use_up_no_attempt(manage, timeout: str) -> None:
+    """Workers whose sessions have a 300 ms ``statement_timeout`` (or ``lock_timeout``) while
+    the inbox's table is locked for 3 s: their claims and completions time out (57014,
+    55P03). Neither is a handler's failure: the workers keep running, what they held goes back
+    uncounted, and every message completes once at attempt 1."""
+    from django.db import connection, transaction
+
+    ids = [f"to-{k:03d}" for k in range(300)]
+    for message_id in ids:
+        store_effect(message_id, sleep=0.01)
+    env = {"PGOPTIONS": f"-c {timeout}=300", "EFFECTS_LEASE": "60"}
+    args = ("inbox_process", "--consumer", "effects", "--until-idle", "4")
+    workers = [manage(*args, env=env) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while InboxMessage.objects.filter(status=Status.COMPLETED).count() < 30:
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.05)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {InboxMessage._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+        time.sleep(3)
+    outputs = [proc.communicate(timeout=120) for proc in workers]
+
+    logs = [err[-3000:] for _, err in outputs]
+    assert [proc.returncode for proc in workers] == [0, 0], logs
+    rows = list(InboxMessage.objects.filter(message_id__in=ids))
+    errors = [entry["type"] for row in rows for entry in row.errors]
+    interrupted = sum(1 for row in rows for entry in row.history if entry["kind"] == "interrupted")
+    print(f"{timeout}: {interrupted} attempt(s) interrupted and given back, errors {errors}")
+    assert {row.status for row in rows} == {Status.COMPLETED}
+    assert errors == [], "a timeout of the inbox's own statement was taken for the handler's"
+    assert {row.attempts for row in rows} == {1}
+    assert lost_and_doubled(set(ids)) == (0, 0)
+
+
 # --- a private cluster, restarted under running workers ----------------------------------
 
 

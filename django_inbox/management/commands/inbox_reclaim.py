@@ -4,6 +4,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from ... import clock
+from ...conf import inbox_settings
 from ...services import ReclaimResult, reclaim
 from ...wording import counted
 from ..base import BATCH_MAX, MISCONFIGURED, InboxCommand, count, require_known_consumers, seconds
@@ -44,6 +46,7 @@ class Command(InboxCommand):
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.", returncode=MISCONFIGURED)
         require_known_consumers([options["consumer"]])
+        clock.synchronise(inbox_settings.database)  # leases expire on the database's clock
         result = reclaim(
             consumer=options["consumer"],
             older_than=options["older_than"],

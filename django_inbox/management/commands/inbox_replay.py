@@ -6,8 +6,8 @@ from argparse import ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.utils import timezone
 
+from ... import clock
 from ...conf import inbox_settings
 from ...models import InboxMessage
 from ...services import (
@@ -141,7 +141,7 @@ class Command(InboxCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        self.started_at = timezone.now()
+        self.started_at = clock.now()
         if options["force"] and not options["reason"].strip():
             raise CommandError(
                 "--force re-runs completed messages; say why with --reason.",
