@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.config import RUNS, N, _env_int, bench_sql, log, truncate_inbox
 from bench.scale import load_rows
-from bench.timing import Series, django_backend_pid, measure
+from bench.timing import Series, django_backend_pid, measure, payload
 
 ROWS = _env_int("BENCH_TOMBSTONE_ROWS", 200_000)
 BATCH = 5_000
@@ -60,25 +60,38 @@ def _stone_bytes() -> dict[str, float]:
     }
 
 
-def _new_deliveries(label: str) -> dict[str, Any]:
-    """``deliver()`` of new ids (none has a tombstone) with the table as it is."""
+def _new_deliveries(labels: list[str], before_run: Any = None) -> list[dict[str, Any]]:
+    """``deliver()`` of new ids (none has a tombstone), one series per label, their runs
+    interleaved in alternating order (``before_run(label)`` sets each one up)."""
     from bench.inbox_handlers import CONSUMER, EVENT_TYPE
     from django_inbox import Outcome, deliver
 
-    series = Series(f"deliver() of a new message, {label}")
+    series = [Series(f"deliver() of a new message, {label}") for label in labels]
 
     def op(i: int) -> None:
         outcome = deliver(
-            consumer=CONSUMER, message_id=str(uuid.uuid4()), event_type=EVENT_TYPE, payload={}
+            consumer=CONSUMER,
+            message_id=str(uuid.uuid4()),
+            event_type=EVENT_TYPE,
+            payload=payload(i),
         )
         if outcome is not Outcome.PROCESSED:
             raise RuntimeError(f"new deliver() returned {outcome!r}")
 
     pid = django_backend_pid()
     for run in range(RUNS):
-        rate = measure(series, op, pid)
-        log(f"   run {run + 1}: {series.name:56s} {rate:8.0f} msg/s")
-    return series.as_dict()
+        order = list(range(len(labels)))
+        for k in order if run % 2 == 0 else order[::-1]:
+            if before_run is not None:
+                before_run(labels[k])
+            rate = measure(series[k], op, pid)
+            log(f"   run {run + 1}: {series[k].name:56s} {rate:8.0f} msg/s")
+    return [one.as_dict() for one in series]
+
+
+def _trigger(label: str) -> None:
+    state = "DISABLE" if label == "no trigger" else "ENABLE"
+    bench_sql(f"ALTER TABLE {INBOX} {state} TRIGGER {TRIGGER}")
 
 
 def bench_tombstones() -> dict[str, Any]:
@@ -96,15 +109,14 @@ def bench_tombstones() -> dict[str, Any]:
                 log(f"   run {run + 1}: purge, tombstones {state} {rate:10,.0f} rows/s")
         truncate_inbox()
         storage = _stone_bytes()
-        full = _new_deliveries(f"{storage['tombstones']:,} tombstones")
+        (full,) = _new_deliveries([f"{storage['tombstones']:,} tombstones"])
         bench_sql(f"TRUNCATE {STONES}")
-        empty = _new_deliveries("no tombstones")
-        # The trigger's own cost: the same deliveries with it disabled (restored after).
-        bench_sql(f"ALTER TABLE {INBOX} DISABLE TRIGGER {TRIGGER}")
+        # The trigger's own cost: the same deliveries with it enabled and disabled, in
+        # alternating runs (enabled again at the end).
         try:
-            bare = _new_deliveries("no trigger")
+            empty, bare = _new_deliveries(["no tombstones", "no trigger"], _trigger)
         finally:
-            bench_sql(f"ALTER TABLE {INBOX} ENABLE TRIGGER {TRIGGER}")
+            _trigger("trigger")
     finally:
         truncate_inbox()
         bench_sql(f"TRUNCATE {STONES}")

@@ -51,6 +51,8 @@ RUNNING_STATUSES = (
 
 #: PostgreSQL's trigger and its function (migration 0015).
 TRIGGER = "django_inbox_late_copy"
+#: PostgreSQL's function of a pair's digest (migration 0015): :func:`digest` in SQL.
+DIGEST_FUNCTION = "django_inbox_tombstone_digest"
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,13 @@ def _day_and_time(moment: datetime) -> str:
 def digest(consumer: str, message_id: str) -> uuid.UUID:
     """The first 16 bytes of SHA-256 of ``len(consumer):consumer`` + ``message_id`` (UTF-8),
     as :func:`django_inbox.db.identity.digest_sql` takes them on PostgreSQL, with the version
-    and variant bits of a UUID of version 8 set (122 bits of the hash are kept): MariaDB's
-    ``uuid`` column refuses values without them. PostgreSQL's trigger computes the same value
-    with the function ``django_inbox_tombstone_digest`` (migration 0015)."""
+    and variant bits of a UUID of version 4 set (122 bits of the hash are kept): MariaDB's
+    ``uuid`` column refuses some values without them, and some of version 8. PostgreSQL's
+    trigger computes the same value with the function ``django_inbox_tombstone_digest``
+    (migration 0015)."""
     text = f"{len(consumer)}:{consumer}{message_id}".encode("utf-8", "surrogatepass")
     raw = bytearray(hashlib.sha256(text).digest()[:16])
-    raw[6] = (raw[6] & 0x0F) | 0x80
+    raw[6] = (raw[6] & 0x0F) | 0x40
     raw[8] = (raw[8] & 0x3F) | 0x80
     return uuid.UUID(bytes=bytes(raw))
 
@@ -121,12 +124,43 @@ def park_if_late(row: Any, pk: int, using: str) -> Tombstone | None:
     return found
 
 
-def write(gone: Iterable[tuple[str, str, datetime | None]], now: datetime, using: str) -> int:
+@dataclass(frozen=True)
+class Keeping:
+    """What a purge at ``now`` keeps of the completed rows it deletes: each consumer's
+    tombstone retention (the configured ones, and the global one for every other)."""
+
+    now: datetime
+    configured: dict[str, float | None]
+    default: float | None
+
+    @classmethod
+    def at(cls, now: datetime) -> Keeping:
+        return cls(
+            now,
+            {name: retention(name) for name in inbox_settings.consumers},
+            inbox_settings.tombstone_retention,
+        )
+
+    def seconds_sql(self, column: str) -> tuple[str, list[Any]]:
+        """SQL of the seconds a row of consumer ``column`` keeps its tombstone (``NULL``:
+        none), and its parameters."""
+        params: list[Any] = []
+        cases = ""
+        for name, seconds in self.configured.items():
+            cases += " WHEN %s THEN %s::float8"
+            params += [name, seconds]
+        if not cases:
+            return "%s::float8", [self.default]
+        return f"CASE {column}{cases} ELSE %s::float8 END", [*params, self.default]
+
+
+def write(gone: Iterable[tuple[str, str, datetime | None]], keep: Keeping, using: str) -> int:
     """Keep a tombstone of each purged ``(consumer, message_id, processed_at)`` whose consumer
     keeps them; return how many were written (a pair's earlier tombstone is replaced)."""
     stones: dict[uuid.UUID, InboxTombstone] = {}
+    now = keep.now
     for consumer, message_id, completed_at in gone:
-        seconds = retention(consumer)
+        seconds = keep.configured.get(consumer, keep.default)
         if seconds is None:
             continue
         key = digest(consumer, message_id)

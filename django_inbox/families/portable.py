@@ -11,8 +11,10 @@ from django.db import connections
 from django.db.models import Max, QuerySet
 
 from .. import history
+from ..db import tombstones
 from ..db.aside import with_status
 from ..db.statements import KeyState, Taken
+from ..db.tombstones import Keeping
 from ..models import InboxKey, InboxMessage
 from ..processing import leases
 
@@ -20,8 +22,6 @@ Status = InboxMessage.Status
 
 #: The changes an operator's action makes to a row, given the status it leaves.
 Changes = dict[str, Any] | Callable[[str], dict[str, Any]]
-#: A row a purge deleted: its id, consumer, message id and ``processed_at``.
-Deleted = tuple[int, str, str, datetime | None]
 
 
 class Portable:
@@ -160,21 +160,30 @@ class Portable:
         return None if last is None else rows.filter(pk__lte=last)
 
     def delete_batch(
-        self, rows: QuerySet[InboxMessage], status: str, limit: int, using: str
-    ) -> list[Deleted]:
+        self,
+        rows: QuerySet[InboxMessage],
+        status: str,
+        limit: int,
+        using: str,
+        keep: Keeping | None = None,
+    ) -> tuple[list[int], int]:
         """In the caller's transaction: delete the first ``limit`` of ``rows`` by primary key
-        (all in ``status``), skipping rows another transaction holds; return their ids,
-        consumers, message ids and ``processed_at`` (what their tombstones keep). The rows are
+        (all in ``status``), skipping rows another transaction holds, and with ``keep`` keep
+        their tombstones; return their ids and how many tombstones were kept. The rows are
         selected, locked, then deleted: MariaDB and MySQL refuse a ``LIMIT`` inside ``IN (…)``,
         and MySQL has no ``DELETE … RETURNING``."""
         chosen = rows.order_by("pk")
         if connections[using].features.has_select_for_update_skip_locked:
             chosen = chosen.select_for_update(skip_locked=True)
         found = list(chosen.values_list("pk", "consumer", "message_id", "processed_at")[:limit])
-        if found:
-            ids = [pk for pk, *_ in found]
-            with_status(InboxMessage.objects.using(using).filter(pk__in=ids), status).delete()
-        return found
+        if not found:
+            return [], 0
+        ids = [pk for pk, *_ in found]
+        with_status(InboxMessage.objects.using(using).filter(pk__in=ids), status).delete()
+        if keep is None:
+            return ids, 0
+        gone = [(consumer, message_id, done) for _, consumer, message_id, done in found]
+        return ids, tombstones.write(gone, keep, using)
 
     # -- an operator's actions ------------------------------------------------------------
 

@@ -11,8 +11,9 @@ from django.db.models import QuerySet
 from .. import clock
 from ..db import statements
 from ..db.statements import KeyState, Taken
+from ..db.tombstones import Keeping
 from ..models import InboxMessage
-from .portable import Changes, Deleted, Portable
+from .portable import Changes, Portable
 
 
 class PostgreSQL(Portable):
@@ -98,13 +99,19 @@ class PostgreSQL(Portable):
         )
 
     def delete_batch(
-        self, rows: QuerySet[InboxMessage], status: str, limit: int, using: str
-    ) -> list[Deleted]:
+        self,
+        rows: QuerySet[InboxMessage],
+        status: str,
+        limit: int,
+        using: str,
+        keep: Keeping | None = None,
+    ) -> tuple[list[int], int]:
         """One statement: ``DELETE … WHERE id = ANY(ARRAY(<the locking selection>)) AND status
-        = … RETURNING id, …`` (see :func:`django_inbox.db.statements.delete_selected`)."""
+        = … RETURNING id``, and with ``keep`` the tombstones' ``INSERT`` in the same statement
+        (see :func:`django_inbox.db.statements.delete_selected`)."""
         inner = rows.order_by("pk").values("pk")[:limit].select_for_update(skip_locked=True)
         sql, params = inner.query.get_compiler(using).as_sql()
-        return statements.delete_selected(sql, list(params), status, using)
+        return statements.delete_selected(sql, list(params), status, using, keep)
 
     def change_appending_history(
         self,

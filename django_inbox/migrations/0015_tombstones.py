@@ -7,10 +7,12 @@ elsewhere.
 
 On PostgreSQL a ``BEFORE INSERT`` trigger on the inbox's table parks a late copy: a row that
 would run (``received``, ``in_progress``, ``completed``, ``failed``, ``waiting``) whose pair has a
-tombstone goes in ``parked``. It first takes a ``FOR KEY SHARE`` lock on the pair's row, if
-any, so that it waits for a purge deleting it right now and then sees the tombstone that
-purge committed. The inbox writes the reason after the insert. Other databases: the inbox
-reads the tombstone after its insert.
+tombstone goes in ``parked``. One statement looks for the tombstone and the pair's row; a new
+message (neither there) costs nothing more: a purge that deleted its row committed before that
+look, tombstone included. Where the row is there (a duplicate), a purge may be deleting it right
+now: the trigger takes a ``FOR KEY SHARE`` lock on it, which waits for such a purge (or makes a
+later one wait), and looks for the tombstone again. The inbox writes the reason after the
+insert. Other databases: the inbox reads the tombstone after its insert.
 
 The function runs with ``enable_seqscan = off``: PL/pgSQL keeps a plan for a session's life,
 and one made while the table was small (a new deployment, a bulk load in one statement) would
@@ -48,7 +50,7 @@ def create(apps, schema_editor):
         return
     inbox = quote(apps.get_model("django_inbox", "InboxMessage")._meta.db_table)
     schema_editor.execute(f"CREATE INDEX {INDEX} ON {tombstones} USING brin (expires_at)")
-    # The identity's 16 bytes with the version and variant bits of a UUID of version 8 (as
+    # The identity's 16 bytes with the version and variant bits of a UUID of version 4 (as
     # django_inbox.db.tombstones.digest sets them: MariaDB's uuid type wants them).
     schema_editor.execute(
         f"""
@@ -57,7 +59,7 @@ LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $body$
 DECLARE
     raw bytea := {_bytes("consumer", "message_id")};
 BEGIN
-    raw := set_byte(raw, 6, (get_byte(raw, 6) & 15) | 128);
+    raw := set_byte(raw, 6, (get_byte(raw, 6) & 15) | 64);
     raw := set_byte(raw, 8, (get_byte(raw, 8) & 63) | 128);
     RETURN encode(raw, 'hex')::uuid;
 END
@@ -68,17 +70,26 @@ $body$
         f"""
 CREATE OR REPLACE FUNCTION {TRIGGER}() RETURNS trigger LANGUAGE plpgsql
 SET enable_seqscan = off AS $body$
+DECLARE
+    raw bytea := {_bytes("NEW.consumer", "NEW.message_id")};
+    identity uuid := encode(raw, 'hex')::uuid;
+    stone uuid := encode(set_byte(set_byte(raw, 6, (get_byte(raw, 6) & 15) | 64), 8,
+        (get_byte(raw, 8) & 63) | 128), 'hex')::uuid;
+    kept boolean;
+    present boolean;
 BEGIN
-    -- Wait for a purge deleting this pair's row now; the next statement's snapshot then
-    -- holds the tombstone it committed. A purge that comes later waits for this lock.
-    PERFORM 1 FROM {inbox}
-        WHERE {_identity('"consumer"', '"message_id"')}
-            = {_identity("NEW.consumer", "NEW.message_id")}
-        FOR KEY SHARE;
-    IF EXISTS (
-        SELECT 1 FROM {tombstones}
-        WHERE digest = {DIGEST_FUNCTION}(NEW.consumer, NEW.message_id)
-    ) THEN
+    SELECT EXISTS (SELECT 1 FROM {tombstones} WHERE digest = stone),
+        EXISTS (SELECT 1 FROM {inbox} WHERE {_identity('"consumer"', '"message_id"')} = identity)
+        INTO kept, present;
+    IF present AND NOT kept THEN
+        -- The pair's row is there: a purge may be deleting it now. Wait for it (a purge
+        -- that comes later waits for this lock instead), then look again: a new snapshot,
+        -- which holds the tombstone such a purge committed.
+        PERFORM 1 FROM {inbox} WHERE {_identity('"consumer"', '"message_id"')} = identity
+            FOR KEY SHARE;
+        kept := EXISTS (SELECT 1 FROM {tombstones} WHERE digest = stone);
+    END IF;
+    IF kept THEN
         NEW.status := 'parked';
         NEW.attempts := 0;
         NEW.next_attempt_at := NULL;

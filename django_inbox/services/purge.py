@@ -234,13 +234,9 @@ def _delete_batch(rows: Any, status: str, limit: int) -> tuple[list[int], int]:
     tombstones of the completed ones in the same transaction; return the pks and the number
     of tombstones written."""
     using = inbox_settings.database
+    keep = tombstones.Keeping.at(clock.now()) if status == Status.COMPLETED else None
     with transaction.atomic(using=using):
-        deleted = family(using).delete_batch(rows, status, limit, using)
-        stones = 0
-        if status == Status.COMPLETED and deleted:
-            gone = [(consumer, message_id, done) for _, consumer, message_id, done in deleted]
-            stones = tombstones.write(gone, clock.now(), using)
-    return [pk for pk, *_ in deleted], stones
+        return family(using).delete_batch(rows, status, limit, using, keep)
 
 
 def _keeping_tombstones(rows: Any) -> Any:

@@ -4,13 +4,13 @@ deleted, the planner's row estimate, a loose index scan of the consumers."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 from django.db import connections
 
-from ...models import InboxMessage
+from ...models import InboxMessage, InboxTombstone
 from ..identity import CONSUMER_SQL
+from ..tombstones import DIGEST_FUNCTION, Keeping
 from .common import quote_of, status_exactly, table_of
 
 # --- operators and upkeep ----------------------------------------------------------------
@@ -52,11 +52,19 @@ def update_appending_history(
 
 
 def delete_selected(
-    select_sql: str, params: list[Any], status: str, using: str
-) -> list[tuple[int, str, str, datetime | None]]:
+    select_sql: str,
+    params: list[Any],
+    status: str,
+    using: str,
+    keep: Keeping | None = None,
+) -> tuple[list[int], int]:
     """Delete the rows whose ids ``select_sql`` returns, re-checking each one's ``status`` as it
-    is deleted (a row replayed meanwhile is kept); return the deleted rows' ids, consumers,
-    message ids and ``processed_at`` (what their tombstones keep).
+    is deleted (a row replayed meanwhile is kept); return the deleted ids and how many
+    tombstones were kept.
+
+    With ``keep`` (PostgreSQL, ``completed`` rows), the same statement keeps a tombstone of
+    each deleted row whose consumer keeps them (:mod:`django_inbox.db.tombstones`), its digest
+    computed by the function of migration 0015.
 
     On PostgreSQL ``id = ANY(ARRAY(…))`` runs the (locking) selection once, as an InitPlan.
     Under ``IN (…)`` PostgreSQL may plan a nested-loop semi-join that rescans it for every outer
@@ -70,15 +78,30 @@ def delete_selected(
         selected = f"{pk} = ANY(ARRAY({select_sql}))"
     else:
         selected = f"{pk} IN ({select_sql})"
+    delete = (
+        f"DELETE FROM {table_of(using)} WHERE {selected} "
+        f"AND {status_exactly(quote, connection.vendor)} = %s"
+    )
     with connection.cursor() as cursor:
+        if keep is None:
+            cursor.execute(f"{delete} RETURNING {pk}", [*params, status])
+            return [int(found[0]) for found in cursor.fetchall()], 0
+        seconds, seconds_params = keep.seconds_sql(quote("consumer"))
+        stones = quote(InboxTombstone._meta.db_table)
         cursor.execute(
-            f"DELETE FROM {table_of(using)} WHERE {selected} "
-            f"AND {status_exactly(quote, connection.vendor)} = %s "
-            f"RETURNING {pk}, {quote('consumer')}, {quote('message_id')}, "
-            f"{quote('processed_at')}",
-            [*params, status],
+            f"WITH gone AS ({delete} RETURNING {pk}, {quote('consumer')}, "
+            f"{quote('message_id')}, {quote('processed_at')}), "
+            f"kept AS (INSERT INTO {stones} (digest, completed_at, purged_at, expires_at) "
+            f"SELECT {DIGEST_FUNCTION}({quote('consumer')}, {quote('message_id')}), "
+            f"{quote('processed_at')}, %s, %s + make_interval(secs => secs) "
+            f"FROM (SELECT *, {seconds} AS secs FROM gone) AS kept_for WHERE secs IS NOT NULL "
+            "ON CONFLICT (digest) DO UPDATE SET completed_at = EXCLUDED.completed_at, "
+            "purged_at = EXCLUDED.purged_at, expires_at = EXCLUDED.expires_at RETURNING 1) "
+            f"SELECT {pk}, (SELECT count(*) FROM kept) FROM gone",
+            [*params, status, keep.now, keep.now, *seconds_params],
         )
-        return [(int(found[0]), found[1], found[2], found[3]) for found in cursor.fetchall()]
+        found = cursor.fetchall()
+    return [int(row[0]) for row in found], int(found[0][1]) if found else 0
 
 
 def estimated_rows(using: str, table: str | None = None) -> int:
