@@ -49,30 +49,45 @@ def deliver_rounds(barrier: Any, results: Any, rounds: int, prefix: str, consume
     results.put((os.getpid(), outcomes, errors))
 
 
-def publish_transactions(queue: str, commits: int, rollback_every: int, pace: float) -> None:
+def publish_transactions(
+    queue: str, commits: int, rollback_every: int, pace: float, through_outages: bool = False
+) -> None:
     """Commit business transactions that publish ``commits`` messages in all (keys k0 … k4, in
     turn; every third transaction publishes two of its key, the second held behind the first
     of its own transaction), and roll back one more after every ``rollback_every`` messages;
     print one line per message: ``commit <message id> <key>`` (in the order published) or
-    ``rollback <message id>``."""
+    ``rollback <message id>``. With ``through_outages``, a transaction the database's outage
+    broke is tried again, as an application's client would (one whose commit's answer was
+    lost may have committed: its id is then not printed, and its effect is not counted)."""
     import time
 
-    from django.db import transaction
+    from django.db import DatabaseError, connection, transaction
 
     from django_inbox.outbox import publish
 
     class RolledBack(Exception):
         pass
 
+    def committed(key: str, count: int) -> list[str]:
+        for _ in range(600):
+            try:
+                with transaction.atomic():
+                    return [
+                        publish("effect.write", {"n": written + n}, routing_key=queue, key=key)
+                        for n in range(count)
+                    ]
+            except DatabaseError:
+                if not through_outages:
+                    raise
+                connection.close()
+                time.sleep(0.1)
+        raise RuntimeError("the database did not come back")
+
     written = transactions = 0
     while written < commits:
         key = f"k{transactions % 5}"
         count = min(2 if transactions % 3 == 0 else 1, commits - written)
-        with transaction.atomic():
-            ids = [
-                publish("effect.write", {"n": written + n}, routing_key=queue, key=key)
-                for n in range(count)
-            ]
+        ids = committed(key, count)
         for message_id in ids:
             print(f"commit {message_id} {key}", flush=True)
         transactions += 1
@@ -114,8 +129,9 @@ def main(argv: list[str]) -> None:
         relay_dies_after_confirm(argv[1])
         return
     if argv[0] == "publish":
-        queue, commits, rollback_every, pace = argv[1:]
-        publish_transactions(queue, int(commits), int(rollback_every), float(pace))
+        queue, commits, rollback_every, pace = argv[1:5]
+        through = "--through-outages" in argv[5:]
+        publish_transactions(queue, int(commits), int(rollback_every), float(pace), through)
         return
     command, consumer, message_id, payload = argv
     assert command == "deliver"

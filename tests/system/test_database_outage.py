@@ -27,6 +27,7 @@ import pytest
 
 from django_inbox import store
 from django_inbox.models import InboxMessage
+from tests import brokers
 from tests.conftest import MANAGE, ROOT
 from tests.effects import lost_and_doubled
 
@@ -325,6 +326,83 @@ def test_workers_survive_database_restarts_and_a_full_connection_table(cluster: 
     assert len(hogs) >= cluster.max_connections - 3
     assert (lost, doubled) == (0, 0)
     assert attempts == {1: n}, "no attempt was used up by the outages"
+
+
+def test_consumers_workers_and_a_relay_survive_restarts_and_nothing_is_acked_without_its_row(
+    cluster: Cluster,
+) -> None:
+    """The whole intake on the private cluster: two ``inbox_consume`` on a RabbitMQ queue (600
+    messages, 30% of them sent more than once), an outbox publisher committing 200 messages
+    into that same queue through ``outbox_relay``, and two ``inbox_process`` draining 400 stored
+    rows, while the cluster restarts with a fast and then an immediate shutdown. Every message
+    the broker handed over and that was acknowledged has its committed row (the queue ends
+    empty and no id is missing), each effect once, every outbox row sent."""
+    migrate = _manage(cluster, "migrate", "--verbosity", "0")
+    assert migrate.wait(timeout=120) == 0, migrate.stderr.read() if migrate.stderr else ""
+    stored = [f"w-{k:04d}" for k in range(400)]
+    fill = _manage(
+        cluster, "shell", "-c",
+        "from django_inbox import store\n"
+        f"for i in {json.dumps(stored)}:\n"
+        "    store(consumer='effects', message_id=i, event_type='effect.write', "
+        "payload={'sleep': 0.01})",
+    )  # fmt: skip
+    assert fill.wait(timeout=120) == 0, fill.stderr.read() if fill.stderr else ""
+    messages, from_broker = brokers.stream(600, sleep=0.005)
+    with brokers.declared_queue("inbox-test-restarts") as queue:
+        brokers.publish(brokers.RABBITMQ, queue, messages)
+        publisher = subprocess.Popen(
+            [sys.executable, "-m", "tests.procs", "publish", queue, "200", "1000", "0.03",
+             "--through-outages"],
+            env=_env(cluster, DJANGO_SETTINGS_MODULE="testproject.settings"),
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        until = ("--until-idle", "10")
+        consume = ("inbox_consume", "--consumer", "stream", "--queue", queue)
+        procs = {
+            "relay": _manage(cluster, "outbox_relay", "--broker", brokers.RABBITMQ, *until),
+            "consume-0": _manage(cluster, *consume, "--broker", brokers.RABBITMQ, *until),
+            "consume-1": _manage(cluster, *consume, "--broker", brokers.RABBITMQ, *until),
+            "process-0": _manage(cluster, "inbox_process", *until, EFFECTS_LEASE="60"),
+            "process-1": _manage(cluster, "inbox_process", *until, EFFECTS_LEASE="60"),
+        }
+        time.sleep(3)
+        cluster.restart("fast")
+        time.sleep(3)
+        cluster.restart("immediate")
+        published, err = publisher.communicate(timeout=180)
+        assert publisher.returncode == 0, err[-3000:]
+        outputs = {name: proc.communicate(timeout=300) for name, proc in procs.items()}
+        left_in_queue = brokers.queue_depth(brokers.RABBITMQ, queue)
+
+    logs = {name: err[-3000:] for name, (_out, err) in outputs.items()}
+    assert {name: proc.returncode for name, proc in procs.items()} == dict.fromkeys(procs, 0), logs
+    from_outbox = {line.split()[1] for line in published.splitlines() if line.startswith("commit")}
+    assert len(from_outbox) == 200
+    effects = dict(
+        _query(
+            cluster,
+            "SELECT consumer || ' ' || message_id, count(*) FROM effects_effect GROUP BY 1",
+        )
+    )
+    expected = {f"stream {i}" for i in from_broker | from_outbox} | {f"effects {i}" for i in stored}
+    lost = sorted(key for key in expected if key not in effects)
+    doubled = sorted(key for key, n in effects.items() if int(n) > 1)  # type: ignore[call-overload]
+    (unsent,) = _query(cluster, "SELECT count(*) FROM django_inbox_outbox_outboxmessage "
+                       "WHERE status <> 'sent'")[0]  # fmt: skip
+    (unfinished,) = _query(cluster, "SELECT count(*) FROM django_inbox_inboxmessage "
+                           "WHERE status <> 'completed'")[0]  # fmt: skip
+    print(
+        f"{len(expected)} messages ({len(messages)} published with duplicates, 200 through the "
+        f"outbox, 400 stored): lost={len(lost)} doubled={len(doubled)} unsent={unsent} "
+        f"unfinished={unfinished} left in the queue={left_in_queue}; "
+        + "; ".join(f"{name}: {out.strip()[-200:]}" for name, (out, _err) in outputs.items())
+    )
+    assert (lost, doubled) == ([], []), (lost[:10], doubled[:10])
+    assert (unsent, unfinished, left_in_queue) == (0, 0, 0)
+    # The restarts reached them while they worked (else the test proves nothing).
+    noticed = sorted(name for name, log in logs.items() if "lost the database" in log)
+    assert len(noticed) >= 3, (noticed, logs)
 
 
 # --- a full disk --------------------------------------------------------------------------
