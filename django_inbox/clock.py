@@ -10,12 +10,14 @@ So every time the inbox writes or compares (leases, due times, processing dates)
 :func:`now`: this host's clock corrected by its offset from the database's clock. Long-running
 processes (``inbox_process``, ``inbox_consume``, ``outbox_relay``, ``inbox_reclaim``) measure
 the offset when they start and again every :data:`REFRESH` seconds between units of work
-(:func:`refresh`, from :func:`~django_inbox.db.connection.keep_connection`): one query,
+(:func:`refresh`, from :func:`~django_inbox.db.connection.keep_connection`, and before each
+claim and reclaim, so also in a web process or a Celery task that claims rows): one query,
 ``SELECT`` of the server's current time, bracketed by two readings of this host's clock. An
 offset under :data:`TOLERANCE` is taken as none (hosts kept by NTP are within milliseconds,
 and a round trip is not measured more finely than that); above it the correction applies and
-a warning says by how much the host's clock is off. Processes that never measure (a web
-request calling ``deliver()``) use their own clock, as before.
+a warning says by how much the host's clock is off. Dates that a process writes before it
+ever claims (a web request's ``deliver()`` of a new message, an outbox row) follow its own
+clock until then.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import logging
 import time
 from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
@@ -71,10 +74,14 @@ def measure(using: str) -> float:
 
 
 def synchronise(using: str) -> float:
-    """Measure the offset from ``using``'s clock now and apply it; return it (seconds)."""
+    """Measure the offset from ``using``'s clock now and apply it; return it (seconds). Where
+    it cannot be measured (``USE_TZ = False``, which makes the database's answer a naive time
+    in another zone), the host's clock stays in use."""
     global _offset, _measured_at
-    seconds = measure(using)
     _measured_at = time.monotonic()
+    if not settings.USE_TZ:
+        return 0.0
+    seconds = measure(using)
     applied = seconds if abs(seconds) >= TOLERANCE else 0.0
     if applied and abs(applied - _offset.total_seconds()) >= TOLERANCE:
         logger.warning(

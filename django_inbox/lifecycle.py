@@ -57,13 +57,13 @@ TRANSITIONS: dict[str, Transition] = {
             ),
             writes=("*",),
             # A late copy of a purged message goes in parked (PostgreSQL's trigger of
-            # migration 0015, db.tombstones.park_if_late elsewhere; intake.late the reason).
+            # migration 0015; elsewhere intake.late.record after db.tombstones.is_late).
             by="deliver(), store(), store_dead(), inbox_consume",
             where=(
                 "db.statements.hot.insert",
                 "intake.rows.insert",
                 "intake.storing.store",
-                "db.tombstones.park_if_late",
+                "db.tombstones.is_late",
                 "intake.late.record",
             ),
         ),

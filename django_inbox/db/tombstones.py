@@ -8,7 +8,8 @@ when the message completed, when it was purged, and when the tombstone expires (
 ``tombstone_retention`` after the purge; ``None`` writes none). ``inbox_purge`` deletes expired
 tombstones too.
 
-An insert of a row that would run (``received``, ``completed``, ``failed``, ``waiting``) whose
+An insert of a row that would run (``received``, ``in_progress``, ``completed``, ``failed``,
+``waiting``) whose
 pair has a tombstone goes in ``parked`` instead, and the inbox writes the reason
 (:mod:`django_inbox.intake.late`):
 
@@ -18,8 +19,9 @@ pair has a tombstone goes in ``parked`` instead, and the inbox writes the reason
   and the trigger's next look at the tombstones (a new snapshot, as every statement of a
   PL/pgSQL function in ``READ COMMITTED``) sees the tombstone it committed. A purge that
   starts later waits for the lock, so the insert meets the row and is a duplicate.
-- elsewhere the inbox reads the tombstone after the insert, in the same transaction
-  (:func:`park_if_late`): an insert that waited for a purge deleting the pair's row sees the
+- elsewhere the inbox reads the tombstone after the insert, in the same transaction (one of
+  its own when the caller has none, so that no worker sees the row before it is parked:
+  :func:`is_late`): an insert that waited for a purge deleting the pair's row sees the
   tombstone that purge committed (``READ COMMITTED``; a locking read at ``REPEATABLE READ``).
 """
 
@@ -106,22 +108,13 @@ def find(consumer: str, message_id: str, using: str) -> Tombstone | None:
     return None if found is None else Tombstone(*found)
 
 
-def park_if_late(row: Any, pk: int, using: str) -> Tombstone | None:
-    """Off PostgreSQL, after ``row`` went in as ``pk``: if its pair has a tombstone, set the
-    row ``parked`` (in the caller's transaction) and return the tombstone."""
+def is_late(row: Any, using: str) -> bool:
+    """Off PostgreSQL, after ``row`` went in: whether it is a late copy (a row that would run
+    whose pair has a tombstone). The caller parks it in the insert's transaction
+    (:func:`django_inbox.intake.late.record`)."""
     if row.status not in RUNNING_STATUSES:
-        return None
-    found = find(row.consumer, row.message_id, using)
-    if found is not None:
-        InboxMessage.objects.using(using).filter(pk=pk).update(
-            status=Status.PARKED,
-            attempts=0,
-            next_attempt_at=None,
-            locked_until=None,
-            lease_id="",
-            processed_at=None,
-        )
-    return found
+        return False
+    return find(row.consumer, row.message_id, using) is not None
 
 
 @dataclass(frozen=True)

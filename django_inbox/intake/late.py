@@ -30,7 +30,8 @@ def is_late(row: NewRow, intended: str) -> bool:
 
 
 def record(row: NewRow, pk: int, using: str) -> None:
-    """Write a late copy's reason on its row ``pk`` (in the insert's transaction)."""
+    """Park the late copy ``pk`` with its reason, in the insert's transaction (on PostgreSQL the
+    trigger parked it already; the update writes the reason)."""
     now = clock.now()
     found = tombstones.find(row.consumer, row.message_id, using)
     reason = (
@@ -44,8 +45,18 @@ def record(row: NewRow, pk: int, using: str) -> None:
     row.attempts, row.processed_at, row.next_attempt_at = 0, None, None
     row.last_error = history.summary(entry)
     row.history = json.dumps([entry])
-    InboxMessage.objects.using(using).filter(pk=pk).update(
-        last_error=row.last_error, history=[entry], updated_at=now
+    InboxMessage.objects.using(using).filter(
+        pk=pk, status__in=(*tombstones.RUNNING_STATUSES, Status.PARKED)
+    ).update(
+        status=Status.PARKED,
+        attempts=0,
+        next_attempt_at=None,
+        locked_until=None,
+        lease_id="",
+        processed_at=None,
+        last_error=row.last_error,
+        history=[entry],
+        updated_at=now,
     )
 
 

@@ -3,13 +3,14 @@ to its handler as an :class:`~django_inbox.models.InboxMessage` without reading 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar, Unpack
 
-from django.db import connections
+from django.db import connections, transaction
 
 from .. import events
 from ..conf import inbox_settings
@@ -99,11 +100,12 @@ def insert(row: NewRow, now: datetime, using: str) -> int | None:
     A late copy of a purged message goes in ``parked`` with its reason: ``row.status`` is
     then ``parked`` (:mod:`.late`)."""
     intended = row.status
-    pk = statements.insert(row, now, using)
+    with _parking_atomically(using):
+        pk = statements.insert(row, now, using)
+        if pk is not None and late.is_late(row, intended):
+            late.record(row, pk, using)
     if pk is not None:
         _received(row, pk, using)
-        if late.is_late(row, intended):
-            late.record(row, pk, using)
     return pk
 
 
@@ -112,12 +114,23 @@ def insert_or_status(row: NewRow, now: datetime, using: str) -> tuple[int | None
     when the existing row was committed too recently to be seen, or is gone again). A late
     copy goes in ``parked``, as with :func:`insert`."""
     intended = row.status
-    pk, status = statements.insert_or_status(row, now, using)
+    with _parking_atomically(using):
+        pk, status = statements.insert_or_status(row, now, using)
+        if pk is not None and late.is_late(row, intended):
+            late.record(row, pk, using)
     if pk is not None:
         _received(row, pk, using)
-        if late.is_late(row, intended):
-            late.record(row, pk, using)
     return pk, status
+
+
+def _parking_atomically(using: str) -> Any:
+    """Off PostgreSQL and outside the caller's transaction, a transaction around an insert and
+    the parking of a late copy, so that no worker claims the row in between (PostgreSQL's
+    trigger parks it inside the insert)."""
+    connection = connections[using]
+    if connection.vendor == "postgresql" or connection.in_atomic_block:
+        return contextlib.nullcontext()
+    return transaction.atomic(using=using)
 
 
 class LateCopies(Exception):

@@ -1,9 +1,9 @@
 """Tombstones of purged completed messages (``django_inbox.db.tombstones``).
 
 The table holds a 16-byte digest of ``(consumer, message_id)`` and three dates per purged
-message. Its index on ``expires_at`` (for ``inbox_purge``'s expiry) is a BRIN index on
-PostgreSQL (tombstones are written in purge order, so a few kB cover millions) and a B-tree
-elsewhere.
+message, with a B-tree index on ``expires_at`` for ``inbox_purge``'s expiry (not a BRIN index:
+consumers' retentions differ, renewed tombstones move, and freed pages are reused, so the
+pages' ranges of expiry dates would soon all overlap).
 
 On PostgreSQL a ``BEFORE INSERT`` trigger on the inbox's table parks a late copy: a row that
 would run (``received``, ``in_progress``, ``completed``, ``failed``, ``waiting``) whose pair has a
@@ -14,8 +14,8 @@ now: the trigger takes a ``FOR KEY SHARE`` lock on it, which waits for such a pu
 later one wait), and looks for the tombstone again. The inbox writes the reason after the
 insert. Other databases: the inbox reads the tombstone after its insert.
 
-The function runs with ``enable_seqscan = off``: PL/pgSQL keeps a plan for a session's life,
-and one made while the table was small (a new deployment, a bulk load in one statement) would
+The function runs with ``enable_seqscan = off``: PL/pgSQL keeps a plan for the session (until
+the table's statistics change), and one made while the table was small (a new deployment, a bulk load in one statement) would
 read the table whole for every insert after it; with it off, both looks are index probes
 whatever the statistics said when the plan was made.
 
@@ -45,11 +45,10 @@ def _identity(consumer, message_id):
 def create(apps, schema_editor):
     quote = schema_editor.quote_name
     tombstones = quote(apps.get_model("django_inbox", "InboxTombstone")._meta.db_table)
+    schema_editor.execute(f"CREATE INDEX {INDEX} ON {tombstones} ({quote('expires_at')})")
     if schema_editor.connection.vendor != "postgresql":
-        schema_editor.execute(f"CREATE INDEX {INDEX} ON {tombstones} ({quote('expires_at')})")
         return
     inbox = quote(apps.get_model("django_inbox", "InboxMessage")._meta.db_table)
-    schema_editor.execute(f"CREATE INDEX {INDEX} ON {tombstones} USING brin (expires_at)")
     # The identity's 16 bytes with the version and variant bits of a UUID of version 4 (as
     # django_inbox.db.tombstones.digest sets them: MariaDB's uuid type wants them).
     schema_editor.execute(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import F, QuerySet, Value
 from django.db.models.functions import Least
 
@@ -64,6 +64,10 @@ def claim_batch(
     """
     using = using or inbox_settings.database
     lease_id = leases.new_lease_id(shared=shared_transaction)
+    if not connections[using].in_atomic_block:
+        # Every claimant computes leases on the database's clock, also a web process's
+        # deliver() of a stored row and a Celery task (every few seconds: one query).
+        clock.refresh(using)
     try:
         return _claim(consumer, limit, using, message_id, lease_id)
     except Exception as exc:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from ..db.connection import out_of_resources
 from ..models import InboxMessage
 from ..text import cut, exception_message
 
@@ -47,11 +46,10 @@ def note(
 ) -> None:
     """Remember claimed rows (or a lost claim's lease) to give back once the database is back.
 
-    A database out of disk or memory blames no row: the one that was running goes back as
-    the others do, with no ``interrupted`` entry, so however long the outage lasts it uses up
-    none of the row's free interruptions (the process waits with backoff meanwhile)."""
-    if error is not None and out_of_resources(error):
-        running = None
+    A database out of disk or memory is treated the same way: the running row's interruption
+    is free up to its ``max_attempts`` (the process waiting with backoff in between, up to 30
+    s), then counted, so a handler that makes the database run out of memory every time still
+    ends ``dead`` instead of holding its worker for ever."""
     text = "" if error is None else f"{type(error).__name__}: {exception_message(error)}"
     with _lock:
         _noted.append(

@@ -86,6 +86,7 @@ def reclaim(
     (:func:`~django_inbox.processing.takeover.whole_leases`).
     """
     using = inbox_settings.database
+    clock.refresh(using)  # leases expire on the database's clock
     result = ReclaimResult()
     if dry_run:
         result.expired_gaps = gaps.expired_waiting(using, consumer=consumer).count()

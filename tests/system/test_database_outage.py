@@ -482,10 +482,11 @@ def test_a_full_disk_uses_up_no_attempt_and_everything_resumes_once_space_return
         )  # fmt: skip
         assert fill.wait(timeout=120) == 0, fill.stderr.read() if fill.stderr else ""
 
-        workers = [
-            _manage(server, "inbox_process", "--consumer", "effects", EFFECTS_LEASE="120")
-            for _ in range(2)
-        ]
+        # 8 free interruptions (the default max_attempts) for the row a worker was running:
+        # backoff from 0.5 s allows about 5 tries in the 12 s of full disk.
+        env = {"EFFECTS_LEASE": "120", "EFFECTS_MAX_ATTEMPTS": "8"}
+        args = ("inbox_process", "--consumer", "effects")
+        workers = [_manage(server, *args, **env) for _ in range(2)]
         done_before = _wait_for_completed(server, 100)
         filled = _fill(small_disk / "filler")
         time.sleep(1)  # what was running when the disk filled ends

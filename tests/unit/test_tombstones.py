@@ -185,6 +185,24 @@ def test_purging_again_after_a_replayed_late_copy_renews_its_tombstone() -> None
     assert renewed.purged_at > first.purged_at and renewed.completed_at > first.completed_at
 
 
+def test_a_late_copy_is_parked_in_its_inserts_transaction() -> None:
+    """Off PostgreSQL the inbox parks the row after its insert: both in one transaction (its
+    own, outside the caller's), so that no worker can claim the row in between. On PostgreSQL
+    the trigger parks it inside the insert, and the reason follows."""
+    completed_and_purged("late-a")
+    parks: list[bool] = []
+
+    def watch(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.lstrip().upper().startswith("UPDATE") and "inboxmessage" in sql:
+            parks.append(connection.in_atomic_block)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(watch):
+        assert store(**message("late-a")) is True
+    assert_parked_late("late-a")
+    assert parks == [connection.vendor != "postgresql"], parks
+
+
 def test_tombstones_of_any_ids_are_kept_on_every_database() -> None:
     """Digests are UUIDs of version 4 (MariaDB's ``uuid`` column refuses some other values):
     a thousand purged ids, of every shape, all keep their tombstone and park their copy."""

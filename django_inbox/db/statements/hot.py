@@ -115,13 +115,14 @@ def insert(row: NewRow, now: datetime, using: str) -> int | None:
 
 
 def _inserted(row: NewRow, pk: int, status: str | None, using: str) -> int:
-    """``pk``, the row just inserted; ``row.status`` becomes ``parked`` if it went in as a late
-    copy (PostgreSQL's trigger said so in ``status``; elsewhere the tombstone is read now)."""
+    """``pk``, the row just inserted; ``row.status`` becomes ``parked`` if it is a late copy
+    (PostgreSQL's trigger parked it and said so in ``status``; elsewhere the tombstone is read
+    now, and the row is parked by the caller in the same transaction)."""
     if connections[using].vendor == "postgresql":
         if status is not None and status != row.status:
             row.status = Status(status)
-    elif tombstones.park_if_late(row, pk, using) is not None:
-        row.status = Status.PARKED
+    elif tombstones.is_late(row, using):
+        row.status = Status.PARKED  # intake.late.record parks it, in the insert's transaction
     return pk
 
 
