@@ -14,11 +14,12 @@ pair has a tombstone goes in ``parked`` instead, and the inbox writes the reason
 (:mod:`django_inbox.intake.late`):
 
 - on PostgreSQL a ``BEFORE INSERT`` trigger (migration ``0015``) does it inside the insert, so
-  a new message costs no statement more. The trigger first takes a ``FOR KEY SHARE`` lock on a
-  row of the same pair, if there is one: a purge deleting that row right now is waited for,
-  and the trigger's next look at the tombstones (a new snapshot, as every statement of a
-  PL/pgSQL function in ``READ COMMITTED``) sees the tombstone it committed. A purge that
-  starts later waits for the lock, so the insert meets the row and is a duplicate.
+  a new message costs no statement more. Where a row of the same pair is there (a duplicate),
+  the trigger takes the advisory lock :data:`PURGE_LOCK` shared: a purge of completed rows,
+  which holds it exclusively until it commits, is waited for, and the trigger's next look at
+  the tombstones (a new snapshot, as every statement of a PL/pgSQL function in ``READ
+  COMMITTED``) sees the tombstone it committed. A purge that starts later waits for the
+  duplicate's transaction, so the insert meets the row and is a duplicate.
 - elsewhere the inbox reads the tombstone after the insert, in the same transaction (one of
   its own when the caller has none, so that no worker sees the row before it is parked:
   :func:`is_late`): an insert that waited for a purge deleting the pair's row sees the
@@ -53,6 +54,9 @@ RUNNING_STATUSES = (
 
 #: PostgreSQL's trigger and its function (migration 0015).
 TRIGGER = "django_inbox_late_copy"
+#: The advisory lock (PostgreSQL) a purge of completed rows holds exclusively until it commits,
+#: and the trigger takes shared for a duplicate: the bytes of "dj_inbox" (migration 0015).
+PURGE_LOCK = 7235700657752272760
 #: PostgreSQL's function of a pair's digest (migration 0015): :func:`digest` in SQL.
 DIGEST_FUNCTION = "django_inbox_tombstone_digest"
 

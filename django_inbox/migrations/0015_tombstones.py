@@ -9,9 +9,11 @@ On PostgreSQL a ``BEFORE INSERT`` trigger on the inbox's table parks a late copy
 would run (``received``, ``in_progress``, ``completed``, ``failed``, ``waiting``) whose pair has a
 tombstone goes in ``parked``. One statement looks for the tombstone and the pair's row; a new
 message (neither there) costs nothing more: a purge that deleted its row committed before that
-look, tombstone included. Where the row is there (a duplicate), a purge may be deleting it right
-now: the trigger takes a ``FOR KEY SHARE`` lock on it, which waits for such a purge (or makes a
-later one wait), and looks for the tombstone again. The inbox writes the reason after the
+look, tombstone included. Where the row is there (a duplicate), a purge may be deleting it
+right now: the trigger takes a shared advisory lock that every purge of completed rows holds
+exclusively until it commits, so it waits for such a purge (or makes a later one wait), and
+looks for the tombstone again. An advisory lock lives in memory: a duplicate's transaction
+stays read-only, and no row lock hides the row from workers' ``SKIP LOCKED`` claims. The inbox writes the reason after the
 insert. Other databases: the inbox reads the tombstone after its insert.
 
 The function runs with ``enable_seqscan = off``: PL/pgSQL keeps a plan for the session (until
@@ -29,6 +31,9 @@ from django.db import migrations, models
 TRIGGER = "django_inbox_late_copy"
 INDEX = "django_inbox_tombstone_expires_idx"
 DIGEST_FUNCTION = "django_inbox_tombstone_digest"
+#: The advisory lock a purge of completed rows holds (django_inbox.db.tombstones.PURGE_LOCK,
+#: written out here: the bytes of "dj_inbox").
+PURGE_LOCK = 7235700657752272760
 
 
 def _bytes(consumer, message_id):
@@ -81,11 +86,12 @@ BEGIN
         EXISTS (SELECT 1 FROM {inbox} WHERE {_identity('"consumer"', '"message_id"')} = identity)
         INTO kept, present;
     IF present AND NOT kept THEN
-        -- The pair's row is there: a purge may be deleting it now. Wait for it (a purge
-        -- that comes later waits for this lock instead), then look again: a new snapshot,
-        -- which holds the tombstone such a purge committed.
-        PERFORM 1 FROM {inbox} WHERE {_identity('"consumer"', '"message_id"')} = identity
-            FOR KEY SHARE;
+        -- The pair's row is there: a purge may be deleting it now. Wait for any purge of
+        -- completed rows in progress (each holds this lock exclusively until it commits; one
+        -- that comes later waits for this transaction instead), then look again: a new
+        -- snapshot, which holds the tombstone such a purge committed. An advisory lock, in
+        -- memory: the duplicate's transaction writes nothing.
+        PERFORM pg_advisory_xact_lock_shared({PURGE_LOCK});
         kept := EXISTS (SELECT 1 FROM {tombstones} WHERE digest = stone);
     END IF;
     IF kept THEN

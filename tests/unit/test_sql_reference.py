@@ -195,8 +195,9 @@ def page(sent: dict[str, list[str]]) -> str:
         "and this page does not; write it again with `INBOX_WRITE_SQL_REFERENCE=1`. The ORM's "
         "own queries, and the SQL of migrations, are not here. One migration adds work to "
         "these statements: every insert into the inbox's table of a row that would run fires "
-        "the `BEFORE INSERT` trigger `django_inbox_late_copy` of migration `0015` (an index "
-        "probe of the pair's row and one of the tombstones: see "
+        "the `BEFORE INSERT` trigger `django_inbox_late_copy` of migration `0015` (one statement "
+        "probing the tombstones and the pair's row, and for a duplicate a shared advisory lock "
+        "and a second probe: see "
         "[Late copies after purge](../howto/retention.md#late-copies-after-purge)).\n"
     )
     parts = [head]

@@ -243,9 +243,10 @@ def test_the_digest_is_the_one_the_trigger_computes() -> None:
 
 @pytest.mark.postgres
 def test_a_copy_arriving_while_the_purge_deletes_its_row_waits_for_it_and_is_parked() -> None:
-    """The purge's transaction has deleted the row and written the tombstone, uncommitted;
-    the copy's insert must wait for it and then see the tombstone. Without the trigger's lock
-    the insert would wait at the unique index instead, then go in as new and run again."""
+    """The purge's transaction (its advisory lock taken, as ``delete_selected`` does) has
+    deleted the row and written the tombstone, uncommitted; the copy's insert must wait for it
+    and then see the tombstone. Without the trigger's wait the insert would wait at the unique
+    index instead, then go in as new and run again."""
     import psycopg
     from django.conf import settings
 
@@ -256,6 +257,7 @@ def test_a_copy_arriving_while_the_purge_deletes_its_row_waits_for_it_and_is_par
     purger = psycopg.connect(
         host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]
     )
+    purger.execute("SELECT pg_advisory_xact_lock(%s)", [tombstones.PURGE_LOCK])  # as a purge
     purger.execute(f"DELETE FROM {table} WHERE id = %s", [row.pk])
     purger.execute(
         f"INSERT INTO {stones} (digest, completed_at, purged_at, expires_at) "
@@ -309,17 +311,20 @@ def _wait_for_lock_waiters(conn: object, n: int, timeout: float = 20.0) -> bool:
 
 
 @pytest.mark.postgres
-def test_a_purge_that_comes_while_a_copy_is_answered_skips_the_row() -> None:
-    """A duplicate's insert holds the pair's row (the trigger's lock) until its transaction
-    ends; the purge, which skips locked rows, leaves that row for its next run."""
+def test_a_purge_that_comes_while_a_copy_is_answered_waits_for_it() -> None:
+    """A duplicate's transaction holds the trigger's shared lock until it ends; a purge of
+    completed rows that starts meanwhile waits for it, then deletes the row and keeps its
+    tombstone, and the next copy is parked."""
     assert deliver(**message("held-1")) == Outcome.PROCESSED
     InboxMessage.objects.update(processed_at=timezone.now() - timedelta(days=40))
+    result: list[int] = []
     with transaction.atomic():
         assert deliver(**message("held-1")) == Outcome.DUPLICATE
-        result: list[int] = []
         purging = in_thread(lambda: result.append(purge().total))
-        purging.join(timeout=30)
-        assert result == [0]
-    assert purge().total == 1
+        waited = _wait_for_lock_waiters(connection.connection, 1)  # type: ignore[arg-type]
+        assert result == [] and purging.is_alive()
+    purging.join(timeout=30)
+    assert waited, "the purge did not wait for the duplicate's transaction"
+    assert result == [1]
     assert deliver(**message("held-1")) == Outcome.PARKED
     assert effect_counts() == {"held-1": 1}

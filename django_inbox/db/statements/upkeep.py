@@ -10,7 +10,7 @@ from django.db import connections
 
 from ...models import InboxMessage, InboxTombstone
 from ..identity import CONSUMER_SQL
-from ..tombstones import DIGEST_FUNCTION, Keeping
+from ..tombstones import DIGEST_FUNCTION, PURGE_LOCK, Keeping
 from .common import quote_of, status_exactly, table_of
 
 # --- operators and upkeep ----------------------------------------------------------------
@@ -64,7 +64,8 @@ def delete_selected(
 
     With ``keep`` (PostgreSQL, ``completed`` rows), the same statement keeps a tombstone of
     each deleted row whose consumer keeps them (:mod:`django_inbox.db.tombstones`), its digest
-    computed by the function of migration 0015.
+    computed by the function of migration 0015; the transaction first takes the advisory lock
+    that a late copy's trigger waits for (:data:`~django_inbox.db.tombstones.PURGE_LOCK`).
 
     On PostgreSQL ``id = ANY(ARRAY(…))`` runs the (locking) selection once, as an InitPlan.
     Under ``IN (…)`` PostgreSQL may plan a nested-loop semi-join that rescans it for every outer
@@ -86,6 +87,8 @@ def delete_selected(
         if keep is None:
             cursor.execute(f"{delete} RETURNING {pk}", [*params, status])
             return [int(found[0]) for found in cursor.fetchall()], 0
+        # Late copies of these rows wait for this purge to commit (the trigger of 0015).
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PURGE_LOCK])
         seconds, seconds_params = keep.seconds_sql(quote("consumer"))
         stones = quote(InboxTombstone._meta.db_table)
         cursor.execute(
