@@ -61,7 +61,7 @@ def publish_transactions(
     lost may have committed: its id is then not printed, and its effect is not counted)."""
     import time
 
-    from django.db import DatabaseError, connection, transaction
+    from django.db import Error, connection, transaction
 
     from django_inbox.outbox import publish
 
@@ -76,7 +76,7 @@ def publish_transactions(
                         publish("effect.write", {"n": written + n}, routing_key=queue, key=key)
                         for n in range(count)
                     ]
-            except DatabaseError:
+            except Error:  # DatabaseError, and InterfaceError for a connection found closed
                 if not through_outages:
                     raise
                 connection.close()

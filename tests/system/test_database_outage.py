@@ -256,19 +256,24 @@ def _query(cluster: Cluster, sql: str) -> list[tuple[object, ...]]:
     raise AssertionError("the private cluster did not come back")
 
 
-def test_workers_survive_database_restarts_and_a_full_connection_table(cluster: Cluster) -> None:
+def _migrate_and_store(cluster: Cluster, ids: list[str], payload: dict[str, object]) -> None:
+    """Migrate the private cluster's database and store ``ids`` for consumer ``effects``."""
     migrate = _manage(cluster, "migrate", "--verbosity", "0")
     assert migrate.wait(timeout=120) == 0, migrate.stderr.read() if migrate.stderr else ""
-    n = 1000
-    ids = [f"r-{k:04d}" for k in range(n)]
     fill = _manage(
         cluster, "shell", "-c",
         "from django_inbox import store\n"
         f"for i in {json.dumps(ids)}:\n"
         "    store(consumer='effects', message_id=i, event_type='effect.write', "
-        "payload={'sleep': 0.02})",
+        f"payload={payload!r})",
     )  # fmt: skip
     assert fill.wait(timeout=120) == 0, fill.stderr.read() if fill.stderr else ""
+
+
+def test_workers_survive_database_restarts_and_a_full_connection_table(cluster: Cluster) -> None:
+    n = 1000
+    ids = [f"r-{k:04d}" for k in range(n)]
+    _migrate_and_store(cluster, ids, {"sleep": 0.02})
 
     workers = [
         _manage(cluster, "inbox_process", "--consumer", "effects", EFFECTS_LEASE="120")
@@ -337,17 +342,8 @@ def test_consumers_workers_and_a_relay_survive_restarts_and_nothing_is_acked_wit
     rows, while the cluster restarts with a fast and then an immediate shutdown. Every message
     the broker handed over and that was acknowledged has its committed row (the queue ends
     empty and no id is missing), each effect once, every outbox row sent."""
-    migrate = _manage(cluster, "migrate", "--verbosity", "0")
-    assert migrate.wait(timeout=120) == 0, migrate.stderr.read() if migrate.stderr else ""
     stored = [f"w-{k:04d}" for k in range(400)]
-    fill = _manage(
-        cluster, "shell", "-c",
-        "from django_inbox import store\n"
-        f"for i in {json.dumps(stored)}:\n"
-        "    store(consumer='effects', message_id=i, event_type='effect.write', "
-        "payload={'sleep': 0.01})",
-    )  # fmt: skip
-    assert fill.wait(timeout=120) == 0, fill.stderr.read() if fill.stderr else ""
+    _migrate_and_store(cluster, stored, {"sleep": 0.01})
     messages, from_broker = brokers.stream(600, sleep=0.005)
     with brokers.declared_queue("inbox-test-restarts") as queue:
         brokers.publish(brokers.RABBITMQ, queue, messages)
@@ -469,18 +465,9 @@ def test_a_full_disk_uses_up_no_attempt_and_everything_resumes_once_space_return
     # tables (an ERROR), never the creation of a WAL segment (a PANIC, a crash restart).
     server.init("--wal-segsize=64")
     try:
-        migrate = _manage(server, "migrate", "--verbosity", "0")
-        assert migrate.wait(timeout=120) == 0, migrate.stderr.read() if migrate.stderr else ""
         n = 800
         ids = [f"d-{k:04d}" for k in range(n)]
-        fill = _manage(
-            server, "shell", "-c",
-            "from django_inbox import store\n"
-            f"for i in {json.dumps(ids)}:\n"
-            "    store(consumer='effects', message_id=i, event_type='effect.write', "
-            "payload={'sleep': 0.02, 'pad': 'x' * 500})",
-        )  # fmt: skip
-        assert fill.wait(timeout=120) == 0, fill.stderr.read() if fill.stderr else ""
+        _migrate_and_store(server, ids, {"sleep": 0.02, "pad": "x" * 500})
 
         # 8 free interruptions (the default max_attempts) for the row a worker was running:
         # backoff from 0.5 s allows about 5 tries in the 12 s of full disk.
