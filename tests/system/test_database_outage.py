@@ -514,6 +514,8 @@ def test_a_full_disk_uses_up_no_attempt_and_everything_resumes_once_space_return
         )
     finally:
         (small_disk / "filler").unlink(missing_ok=True)
+        if (server.data / "postmaster.pid").exists():
+            server.stop()  # before its filesystem is unmounted
     lost = sum(1 for i in ids if counts.get(i, 0) == 0)
     doubled = sum(1 for c in counts.values() if int(c) > 1)  # type: ignore[call-overload]
     transactions = int(after) - int(before)  # type: ignore[call-overload]
