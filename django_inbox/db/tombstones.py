@@ -138,6 +138,15 @@ class Keeping:
             inbox_settings.tombstone_retention,
         )
 
+    def kept(self, rows: Any) -> Any:
+        """Those of ``rows`` (a queryset of inbox rows) whose consumer keeps tombstones."""
+        if self.default is None:
+            keeping = [name for name, seconds in self.configured.items() if seconds is not None]
+            return rows.filter(consumer__in=keeping)
+        return rows.exclude(
+            consumer__in=[name for name, seconds in self.configured.items() if seconds is None]
+        )
+
     def seconds_sql(self, column: str) -> tuple[str, list[Any]]:
         """SQL of the seconds a row of consumer ``column`` keeps its tombstone (``NULL``:
         none), and its parameters."""

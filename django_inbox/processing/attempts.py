@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,7 +29,7 @@ from ..ordered import holding, ordering, rebuilds
 from ..outcomes import Outcome
 from ..registry import Handler, registry
 from . import interruptions, leases
-from .commits import committing
+from .commits import committing, not_the_handlers, own_statements
 from .retry import RetryPolicy
 
 logger = logging.getLogger("django_inbox")
@@ -107,7 +106,7 @@ def attempt(message: InboxMessage, *, using: str | None = None) -> Attempted:
         )
         return Attempted(Outcome.IN_PROGRESS)  # what it released rolled back with the rest
     except Exception as exc:
-        if connection_lost(exc, using) or (getattr(exc, OWN, False) and conflicted(exc)):
+        if not_the_handlers(exc, using):
             # Infrastructure, or the inbox's own completion timed out or met a conflict: not
             # the handler's failure. The caller gives the row back later, uncounted.
             raise
@@ -115,21 +114,6 @@ def attempt(message: InboxMessage, *, using: str | None = None) -> Attempted:
         return Attempted(record_failure(message, exc, handler, using=using, duration=duration))
     processed(message, time.perf_counter() - started, using)
     return Attempted(Outcome.PROCESSED, tuple(released))
-
-
-#: Set on an exception of the inbox's own statements in an attempt (its completion).
-OWN = "_inbox_own_statement"
-
-
-@contextmanager
-def own_statements() -> Iterator[None]:
-    """Mark what the inbox's own statements raise inside the handler's transaction, so that
-    their timeout or conflict is not taken for the handler's failure."""
-    try:
-        yield
-    except Exception as exc:
-        setattr(exc, OWN, True)
-        raise
 
 
 def unreadable_reason(message: InboxMessage) -> str | None:

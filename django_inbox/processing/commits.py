@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from django.db import connections, transaction
 
-from ..db.connection import connection_lost
+from ..db.connection import conflicted, connection_lost
 from ..models import InboxMessage
 from ..text import exception_text
 
@@ -55,3 +55,25 @@ def _committed(exc: Exception, pks: list[int], using: str) -> bool:
             exception_text(exc),
         )
     return committed
+
+
+#: Set on an exception of the inbox's own statements in an attempt (its completion).
+OWN = "_inbox_own_statement"
+
+
+@contextmanager
+def own_statements() -> Iterator[None]:
+    """Mark what the inbox's own statements raise inside the handler's transaction, so that
+    their timeout or conflict is not taken for the handler's failure."""
+    try:
+        yield
+    except Exception as exc:
+        setattr(exc, OWN, True)
+        raise
+
+
+def not_the_handlers(exc: BaseException, using: str) -> bool:
+    """Whether an attempt's failure is no one's: the database went away, or the inbox's own
+    statements (:func:`own_statements`) timed out or met a conflict. The row then goes back
+    uncounted instead of being recorded as the handler's failed attempt."""
+    return connection_lost(exc, using) or (getattr(exc, OWN, False) and conflicted(exc))

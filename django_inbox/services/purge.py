@@ -185,7 +185,7 @@ def purge(
         if dry_run:
             result.deleted[str(status)] = rows.count()
             if status == Status.COMPLETED:
-                result.tombstones_written = _keeping_tombstones(rows).count()
+                result.tombstones_written = tombstones.Keeping.at(now).kept(rows).count()
             continue
         result.deleted[str(status)] = 0
         if status == Status.DEAD:
@@ -237,15 +237,6 @@ def _delete_batch(rows: Any, status: str, limit: int) -> tuple[list[int], int]:
     keep = tombstones.Keeping.at(clock.now()) if status == Status.COMPLETED else None
     with transaction.atomic(using=using):
         return family(using).delete_batch(rows, status, limit, using, keep)
-
-
-def _keeping_tombstones(rows: Any) -> Any:
-    """Those of ``rows`` whose consumer keeps tombstones."""
-    keeping_none = [name for name in inbox_settings.consumers if tombstones.retention(name) is None]
-    if inbox_settings.tombstone_retention is None:
-        configured = [name for name in inbox_settings.consumers if name not in keeping_none]
-        return rows.filter(consumer__in=configured)
-    return rows.exclude(consumer__in=keeping_none)
 
 
 def _expire_tombstones(now: datetime, limit: int, dry_run: bool, pause: float) -> int:

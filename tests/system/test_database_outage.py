@@ -270,6 +270,36 @@ def _migrate_and_store(cluster: Cluster, ids: list[str], payload: dict[str, obje
     assert fill.wait(timeout=120) == 0, fill.stderr.read() if fill.stderr else ""
 
 
+def _drained(
+    cluster: Cluster, workers: list[subprocess.Popen[str]], ids: list[str]
+) -> tuple[list[bool], list[tuple[str, str]], int, int, dict[object, object]]:
+    """Wait (3 minutes at most) until every row is completed, stop the workers with SIGTERM;
+    return whether each was alive until then, their outputs, lost, doubled and the rows by
+    attempts."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        (left,) = _query(
+            cluster,
+            "SELECT count(*) FROM django_inbox_inboxmessage WHERE status <> 'completed'",
+        )[0]
+        if left == 0:
+            break
+        time.sleep(0.5)
+    alive = [proc.poll() is None for proc in workers]
+    for proc in workers:
+        proc.send_signal(signal.SIGTERM)
+    outputs = [proc.communicate(timeout=60) for proc in workers]
+    counts = dict(
+        _query(cluster, "SELECT message_id, count(*) FROM effects_effect GROUP BY message_id")
+    )
+    lost = sum(1 for i in ids if counts.get(i, 0) == 0)
+    doubled = sum(1 for c in counts.values() if int(c) > 1)  # type: ignore[call-overload]
+    attempts = dict(
+        _query(cluster, "SELECT attempts, count(*) FROM django_inbox_inboxmessage GROUP BY 1")
+    )
+    return alive, outputs, lost, doubled, attempts
+
+
 def test_workers_survive_database_restarts_and_a_full_connection_table(cluster: Cluster) -> None:
     n = 1000
     ids = [f"r-{k:04d}" for k in range(n)]
@@ -295,28 +325,7 @@ def test_workers_survive_database_restarts_and_a_full_connection_table(cluster: 
     for hog in hogs:
         hog.close()
 
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        (left,) = _query(
-            cluster,
-            "SELECT count(*) FROM django_inbox_inboxmessage WHERE status <> 'completed'",
-        )[0]
-        if left == 0:
-            break
-        time.sleep(0.5)
-    alive = [proc.poll() is None for proc in workers]
-    for proc in workers:
-        proc.send_signal(signal.SIGTERM)
-    outputs = [proc.communicate(timeout=60) for proc in workers]
-
-    counts = dict(
-        _query(cluster, "SELECT message_id, count(*) FROM effects_effect GROUP BY message_id")
-    )
-    lost = sum(1 for i in ids if counts.get(i, 0) == 0)
-    doubled = sum(1 for c in counts.values() if int(c) > 1)  # type: ignore[call-overload]
-    attempts = dict(
-        _query(cluster, "SELECT attempts, count(*) FROM django_inbox_inboxmessage GROUP BY 1")
-    )
+    alive, outputs, lost, doubled, attempts = _drained(cluster, workers, ids)
     (interrupted,) = _query(
         cluster,
         "SELECT count(*) FROM django_inbox_inboxmessage WHERE history::text LIKE '%interrupted%'",
@@ -494,30 +503,11 @@ def test_a_full_disk_uses_up_no_attempt_and_everything_resumes_once_space_return
         )
         (small_disk / "filler").unlink()
 
-        deadline = time.monotonic() + 180
-        left = n
-        while time.monotonic() < deadline and left:
-            (left,) = _query(
-                server,
-                "SELECT count(*) FROM django_inbox_inboxmessage WHERE status <> 'completed'",
-            )[0]
-            time.sleep(0.5)
-        alive = [proc.poll() is None for proc in workers]
-        for proc in workers:
-            proc.send_signal(signal.SIGTERM)
-        outputs = [proc.communicate(timeout=60) for proc in workers]
-        counts = dict(
-            _query(server, "SELECT message_id, count(*) FROM effects_effect GROUP BY message_id")
-        )
-        attempts = dict(
-            _query(server, "SELECT attempts, count(*) FROM django_inbox_inboxmessage GROUP BY 1")
-        )
+        alive, outputs, lost, doubled, attempts = _drained(server, workers, ids)
     finally:
         (small_disk / "filler").unlink(missing_ok=True)
         if (server.data / "postmaster.pid").exists():
             server.stop()  # before its filesystem is unmounted
-    lost = sum(1 for i in ids if counts.get(i, 0) == 0)
-    doubled = sum(1 for c in counts.values() if int(c) > 1)  # type: ignore[call-overload]
     transactions = int(after) - int(before)  # type: ignore[call-overload]
     logs = [err[-3000:] for _, err in outputs]
     print(
