@@ -269,11 +269,17 @@ def _at_the_prompt(subprocess_env: dict[str, str], *args: str) -> tuple[Any, int
 
 
 def _the_rest(terminal: int) -> str:
-    """What the command wrote to its terminal after the question, until it ended."""
+    """What the command wrote to its terminal after the question, until it ended (a command
+    still writing or silent after a minute fails the test rather than hanging it)."""
     import os
+    import select
 
     said = b""
+    deadline = time.monotonic() + 60
     while True:
+        assert select.select([terminal], [], [], max(0.0, deadline - time.monotonic()))[0], (
+            f"the command did not end within a minute; it said {said!r}"
+        )
         try:
             chunk = os.read(terminal, 1024)
         except OSError:  # the other side closed: the command ended

@@ -28,6 +28,7 @@ from ..base import (
     require_known_consumers,
     text,
 )
+from ..prompt import ask
 
 SELECTABLE = (*REPLAYABLE, InboxMessage.Status.COMPLETED)
 #: Seconds between two progress lines of --wait.
@@ -289,9 +290,8 @@ class Command(InboxCommand):
             self.stdout.write(f"Selected {total:,} row(s)" + (f" ({by_status})" if total else ""))
         if not total or not options["interactive"] or not _at_a_terminal():
             return True
-        try:
-            answer = input("Replay them? [y/N] ")
-        except EOFError:  # Ctrl-D: no answer is no
+        answer = ask("Replay them? [y/N] ")
+        if answer is None:  # Ctrl-D: no answer is no
             self.stdout.write("")
             return False
         return answer.strip().lower() in ("y", "yes")
