@@ -119,6 +119,7 @@ ALONE = {
     "tasks": ("bench.celery_tasks", "bench_tasks", "render_tasks"),
     "transports": ("bench.transports", "bench_transports", "render_transports"),
     "tombstones": ("bench.tombstones", "bench_tombstones", "render_tombstones"),
+    "hosts": ("bench.hosts", "bench_hosts", "render_hosts"),
 }
 
 

@@ -175,10 +175,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="django_inbox.E006",
             )
         )
-    try:
-        to_seconds(_setting("INBOX_POLL_INTERVAL"))
-    except ValueError as exc:
-        errors.append(Error(f"INBOX_POLL_INTERVAL: {exc}.", id="django_inbox.E010"))
+    for name in ("INBOX_POLL_INTERVAL", "INBOX_BROKER_HEARTBEAT"):
+        try:
+            to_seconds(_setting(name) or 0)
+        except ValueError as exc:
+            errors.append(Error(f"{name}: {exc}.", id="django_inbox.E010"))
     try:
         to_seconds(_setting("INBOX_MAX_PENDING_AGE"))
     except ValueError as exc:

@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_BROKER_URL": None,
     "INBOX_BROKER_TRANSPORT_OPTIONS": {},
     "INBOX_PREFETCH": 100,
+    "INBOX_BROKER_HEARTBEAT": 60,
     "INBOX_ENVELOPE": "django_inbox.broker.envelope.parse",
     "INBOX_POLL_INTERVAL": 1.0,
     "INBOX_ADMIN": True,
@@ -231,6 +232,10 @@ class InboxSettings:
     @property
     def prefetch(self) -> int:
         return int(self._get("INBOX_PREFETCH"))
+
+    @property
+    def broker_heartbeat(self) -> float:
+        return to_seconds(self._get("INBOX_BROKER_HEARTBEAT") or 0)
 
     @property
     def poll_interval(self) -> float:

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +146,10 @@ class RabbitNode:
     env: dict[str, str]
     home: Path
 
+    def url_at(self, address: str) -> str:
+        """Its AMQP URL at one of the addresses it listens on."""
+        return self.url.replace("@127.0.0.1:", f"@{address}:", 1)
+
     def ctl(self, *args: str, timeout: float = 120) -> str:
         """``rabbitmqctl -n NODE ARGS``: raises, with its output, if it fails."""
         done = subprocess.run(
@@ -173,23 +177,33 @@ class RabbitNode:
 
 
 @contextmanager
-def private_rabbitmq(startup_timeout: float = 120) -> Iterator[RabbitNode]:
+def private_rabbitmq(
+    startup_timeout: float = 120, listen: Sequence[str] = ()
+) -> Iterator[RabbitNode]:
     """Start a RabbitMQ node of our own: a unique node name, free ports (AMQP and Erlang
     distribution), its database, logs, configuration, enabled plugins (none) and Erlang cookie
-    in a temporary directory, bound to 127.0.0.1. Yield it once it accepts connections; stop it
-    (``rabbitmqctl -n NODE stop``) and delete the directory at the end. The machine's RabbitMQ
-    and its configuration in /etc/rabbitmq are never touched."""
+    in a temporary directory, bound to 127.0.0.1 (AMQP also on the addresses in ``listen``,
+    where ``guest`` may then log in from outside loopback). Yield it once it accepts
+    connections; stop it (``rabbitmqctl -n NODE stop``) and delete the directory at the end.
+    The machine's RabbitMQ and its configuration in /etc/rabbitmq are never touched."""
     home = Path(tempfile.mkdtemp(prefix="inbox-rabbitmq-"))
     name = f"inbox-test-{uuid.uuid4().hex[:8]}@localhost"
     port, dist_port = free_port(), free_port()
-    (home / "rabbitmq.conf").write_text(f"listeners.tcp.default = 127.0.0.1:{port}\n")
+    listeners = [
+        f"listeners.tcp.{k} = {address}:{port}"
+        for k, address in enumerate(("127.0.0.1", *listen), start=1)
+    ]
+    if listen:
+        listeners.append("loopback_users = none")
+    (home / "rabbitmq.conf").write_text("\n".join(listeners) + "\n")
     (home / "enabled_plugins").write_text("[].\n")
     (home / "rabbitmq-env.conf").write_text("")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))},
         "HOME": str(home),  # the Erlang cookie: a new one, shared by the node and rabbitmqctl
         "RABBITMQ_NODENAME": name,
-        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+        # Its listeners are in rabbitmq.conf, which these would override.
+        **({} if listen else {"RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1"}),
         "RABBITMQ_NODE_PORT": str(port),
         "RABBITMQ_DIST_PORT": str(dist_port),
         "RABBITMQ_MNESIA_BASE": str(home / "mnesia"),

@@ -10,11 +10,8 @@ another port), so that restarting it disturbs nothing else.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,17 +25,22 @@ import pytest
 from django_inbox import store
 from django_inbox.models import InboxMessage
 from tests import brokers
-from tests.conftest import MANAGE, ROOT
+from tests.clusters import (
+    Cluster,
+    command_on,
+    drained,
+    env_for,
+    migrate_and_store,
+    private_cluster,
+    query,
+    require_server_programs,
+    wait_for_completed,
+)
+from tests.conftest import ROOT
 from tests.effects import lost_and_doubled
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 Status = InboxMessage.Status
-PG_BIN = (
-    Path("/usr/lib/postgresql")
-    / (os.listdir("/usr/lib/postgresql")[0] if os.path.isdir("/usr/lib/postgresql") else "15")
-    / "bin"
-)
-
 
 # --- a terminated backend in the middle of a handler (the test database) ----------------
 
@@ -142,171 +144,19 @@ def test_timeouts_of_the_inbox_own_statements_use_up_no_attempt(manage, timeout:
 # --- a private cluster, restarted under running workers ----------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _as_postgres(args: list[str]) -> list[str]:
-    if os.geteuid() == 0:  # initdb and the server refuse to run as root
-        return ["runuser", "-u", "postgres", "--", *args]
-    return args
-
-
-class Cluster:
-    """A throwaway PostgreSQL server: ``initdb``, ``pg_ctl start/restart/stop``."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.data = root / "data"
-        self.port = _free_port()
-        self.max_connections = 12
-
-    def run(self, *args: str) -> None:
-        done = subprocess.run(_as_postgres(list(args)), capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, f"{args[0]}: {done.stdout}{done.stderr}"
-
-    def init(self, *initdb: str) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
-            shutil.chown(self.root, "postgres", "postgres")
-        self.run(
-            str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", *initdb
-        )  # fmt: skip
-        self.start()
-        with self.connect(dbname="postgres", autocommit=True) as conn:
-            conn.execute("CREATE DATABASE inbox")
-
-    def pg_ctl(self, action: str, *args: str) -> None:
-        options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
-            f"-c max_connections={self.max_connections} -c superuser_reserved_connections=1 "
-            "-c fsync=off"
-        )
-        self.run(
-            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"),
-            "-o", options, "-w", action, *args,
-        )  # fmt: skip
-
-    def start(self) -> None:
-        self.pg_ctl("start")
-
-    def restart(self, mode: str) -> None:
-        self.pg_ctl("restart", "-m", mode)
-
-    def stop(self) -> None:
-        self.pg_ctl("stop", "-m", "immediate")
-
-    @property
-    def url(self) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/inbox"
-
-    def connect(self, dbname: str = "inbox", **kwargs: object) -> psycopg.Connection:
-        return psycopg.connect(
-            host="127.0.0.1", port=self.port, user="postgres", dbname=dbname, **kwargs
-        )
-
-
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
-    if not (PG_BIN / "initdb").exists():
-        pytest.fail(f"PostgreSQL's server programs are not in {PG_BIN}")
-    # Not under pytest's temporary directory: the server's user must be able to reach it.
-    root = Path(tempfile.mkdtemp(prefix="inbox-test-pg-"))
-    root.chmod(0o755)
-    server = Cluster(root / "cluster")
-    try:
-        server.init()
+    with private_cluster() as server:
         yield server
-    finally:
-        if (server.data / "postmaster.pid").exists():
-            server.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _env(cluster: Cluster, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=cluster.url,
-        PYTHONPATH=os.pathsep.join([str(ROOT / "testproject"), str(ROOT)]),
-        INBOX_LOG_LEVEL="ERROR",
-        **extra,
-    )
-    return env
-
-
-def _manage(cluster: Cluster, *args: str, **extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(MANAGE), *args],
-        env=_env(cluster, **extra),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _query(cluster: Cluster, sql: str) -> list[tuple[object, ...]]:
-    for _ in range(100):
-        try:
-            with cluster.connect() as conn:
-                return conn.execute(sql).fetchall()
-        except psycopg.OperationalError:
-            time.sleep(0.2)  # the cluster is restarting
-    raise AssertionError("the private cluster did not come back")
-
-
-def _migrate_and_store(cluster: Cluster, ids: list[str], payload: dict[str, object]) -> None:
-    """Migrate the private cluster's database and store ``ids`` for consumer ``effects``."""
-    migrate = _manage(cluster, "migrate", "--verbosity", "0")
-    assert migrate.wait(timeout=120) == 0, migrate.stderr.read() if migrate.stderr else ""
-    fill = _manage(
-        cluster, "shell", "-c",
-        "from django_inbox import store\n"
-        f"for i in {json.dumps(ids)}:\n"
-        "    store(consumer='effects', message_id=i, event_type='effect.write', "
-        f"payload={payload!r})",
-    )  # fmt: skip
-    assert fill.wait(timeout=120) == 0, fill.stderr.read() if fill.stderr else ""
-
-
-def _drained(
-    cluster: Cluster, workers: list[subprocess.Popen[str]], ids: list[str]
-) -> tuple[list[bool], list[tuple[str, str]], int, int, dict[object, object]]:
-    """Wait (3 minutes at most) until every row is completed, stop the workers with SIGTERM;
-    return whether each was alive until then, their outputs, lost, doubled and the rows by
-    attempts."""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        (left,) = _query(
-            cluster,
-            "SELECT count(*) FROM django_inbox_inboxmessage WHERE status <> 'completed'",
-        )[0]
-        if left == 0:
-            break
-        time.sleep(0.5)
-    alive = [proc.poll() is None for proc in workers]
-    for proc in workers:
-        proc.send_signal(signal.SIGTERM)
-    outputs = [proc.communicate(timeout=60) for proc in workers]
-    counts = dict(
-        _query(cluster, "SELECT message_id, count(*) FROM effects_effect GROUP BY message_id")
-    )
-    lost = sum(1 for i in ids if counts.get(i, 0) == 0)
-    doubled = sum(1 for c in counts.values() if int(c) > 1)  # type: ignore[call-overload]
-    attempts = dict(
-        _query(cluster, "SELECT attempts, count(*) FROM django_inbox_inboxmessage GROUP BY 1")
-    )
-    return alive, outputs, lost, doubled, attempts
 
 
 def test_workers_survive_database_restarts_and_a_full_connection_table(cluster: Cluster) -> None:
     n = 1000
     ids = [f"r-{k:04d}" for k in range(n)]
-    _migrate_and_store(cluster, ids, {"sleep": 0.02})
+    migrate_and_store(cluster, ids, {"sleep": 0.02})
 
     workers = [
-        _manage(cluster, "inbox_process", "--consumer", "effects", EFFECTS_LEASE="120")
+        command_on(cluster, "inbox_process", "--consumer", "effects", EFFECTS_LEASE="120")
         for _ in range(2)
     ]
     time.sleep(2)
@@ -325,8 +175,8 @@ def test_workers_survive_database_restarts_and_a_full_connection_table(cluster: 
     for hog in hogs:
         hog.close()
 
-    alive, outputs, lost, doubled, attempts = _drained(cluster, workers, ids)
-    (interrupted,) = _query(
+    alive, outputs, lost, doubled, attempts = drained(cluster, workers, ids)
+    (interrupted,) = query(
         cluster,
         "SELECT count(*) FROM django_inbox_inboxmessage WHERE history::text LIKE '%interrupted%'",
     )[0]
@@ -352,24 +202,24 @@ def test_consumers_workers_and_a_relay_survive_restarts_and_nothing_is_acked_wit
     the broker handed over and that was acknowledged has its committed row (the queue ends
     empty and no id is missing), each effect once, every outbox row sent."""
     stored = [f"w-{k:04d}" for k in range(400)]
-    _migrate_and_store(cluster, stored, {"sleep": 0.01})
+    migrate_and_store(cluster, stored, {"sleep": 0.01})
     messages, from_broker = brokers.stream(600, sleep=0.005)
     with brokers.declared_queue("inbox-test-restarts") as queue:
         brokers.publish(brokers.RABBITMQ, queue, messages)
         publisher = subprocess.Popen(
             [sys.executable, "-m", "tests.procs", "publish", queue, "200", "1000", "0.03",
              "--through-outages"],
-            env=_env(cluster, DJANGO_SETTINGS_MODULE="testproject.settings"),
+            env=env_for(cluster.url, DJANGO_SETTINGS_MODULE="testproject.settings"),
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         until = ("--until-idle", "10")
         consume = ("inbox_consume", "--consumer", "stream", "--queue", queue)
         procs = {
-            "relay": _manage(cluster, "outbox_relay", "--broker", brokers.RABBITMQ, *until),
-            "consume-0": _manage(cluster, *consume, "--broker", brokers.RABBITMQ, *until),
-            "consume-1": _manage(cluster, *consume, "--broker", brokers.RABBITMQ, *until),
-            "process-0": _manage(cluster, "inbox_process", *until, EFFECTS_LEASE="60"),
-            "process-1": _manage(cluster, "inbox_process", *until, EFFECTS_LEASE="60"),
+            "relay": command_on(cluster, "outbox_relay", "--broker", brokers.RABBITMQ, *until),
+            "consume-0": command_on(cluster, *consume, "--broker", brokers.RABBITMQ, *until),
+            "consume-1": command_on(cluster, *consume, "--broker", brokers.RABBITMQ, *until),
+            "process-0": command_on(cluster, "inbox_process", *until, EFFECTS_LEASE="60"),
+            "process-1": command_on(cluster, "inbox_process", *until, EFFECTS_LEASE="60"),
         }
         time.sleep(3)
         cluster.restart("fast")
@@ -385,7 +235,7 @@ def test_consumers_workers_and_a_relay_survive_restarts_and_nothing_is_acked_wit
     from_outbox = {line.split()[1] for line in published.splitlines() if line.startswith("commit")}
     assert len(from_outbox) == 200
     effects = dict(
-        _query(
+        query(
             cluster,
             "SELECT consumer || ' ' || message_id, count(*) FROM effects_effect GROUP BY 1",
         )
@@ -393,9 +243,9 @@ def test_consumers_workers_and_a_relay_survive_restarts_and_nothing_is_acked_wit
     expected = {f"stream {i}" for i in from_broker | from_outbox} | {f"effects {i}" for i in stored}
     lost = sorted(key for key in expected if key not in effects)
     doubled = sorted(key for key, n in effects.items() if int(n) > 1)  # type: ignore[call-overload]
-    (unsent,) = _query(cluster, "SELECT count(*) FROM django_inbox_outbox_outboxmessage "
+    (unsent,) = query(cluster, "SELECT count(*) FROM django_inbox_outbox_outboxmessage "
                        "WHERE status <> 'sent'")[0]  # fmt: skip
-    (unfinished,) = _query(cluster, "SELECT count(*) FROM django_inbox_inboxmessage "
+    (unfinished,) = query(cluster, "SELECT count(*) FROM django_inbox_inboxmessage "
                            "WHERE status <> 'completed'")[0]  # fmt: skip
     print(
         f"{len(expected)} messages ({len(messages)} published with duplicates, 200 through the "
@@ -416,8 +266,7 @@ def test_consumers_workers_and_a_relay_survive_restarts_and_nothing_is_acked_wit
 @pytest.fixture
 def small_disk() -> Iterator[Path]:
     """A 200 MiB filesystem of the test's own (a tmpfs), for a cluster whose disk fills up."""
-    if not (PG_BIN / "initdb").exists():
-        pytest.fail(f"PostgreSQL's server programs are not in {PG_BIN}")
+    require_server_programs()
     root = Path(tempfile.mkdtemp(prefix="inbox-test-disk-"))
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=200m,mode=0755", "tmpfs", str(root)],
@@ -476,34 +325,34 @@ def test_a_full_disk_uses_up_no_attempt_and_everything_resumes_once_space_return
     try:
         n = 800
         ids = [f"d-{k:04d}" for k in range(n)]
-        _migrate_and_store(server, ids, {"sleep": 0.02, "pad": "x" * 500})
+        migrate_and_store(server, ids, {"sleep": 0.02, "pad": "x" * 500})
 
         # 8 free interruptions (the default max_attempts) for the row a worker was running:
         # backoff from 0.5 s allows about 5 tries in the 12 s of full disk.
         env = {"EFFECTS_LEASE": "120", "EFFECTS_MAX_ATTEMPTS": "8"}
         args = ("inbox_process", "--consumer", "effects")
-        workers = [_manage(server, *args, **env) for _ in range(2)]
-        done_before = _wait_for_completed(server, 100)
+        workers = [command_on(server, *args, **env) for _ in range(2)]
+        done_before = wait_for_completed(server, 100)
         filled = _fill(small_disk / "filler")
         time.sleep(1)  # what was running when the disk filled ends
-        (before,) = _query(
+        (before,) = query(
             server,
             "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'inbox'",
         )[0]
         cpu_before = [_cpu_seconds(proc.pid) for proc in workers]
         time.sleep(12)
-        (after,) = _query(
+        (after,) = query(
             server,
             "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'inbox'",
         )[0]
         cpu_full = [_cpu_seconds(proc.pid) - c for proc, c in zip(workers, cpu_before, strict=True)]
         alive_while_full = [proc.poll() is None for proc in workers]
         stuck = dict(
-            _query(server, "SELECT status, count(*) FROM django_inbox_inboxmessage GROUP BY 1")
+            query(server, "SELECT status, count(*) FROM django_inbox_inboxmessage GROUP BY 1")
         )
         (small_disk / "filler").unlink()
 
-        alive, outputs, lost, doubled, attempts = _drained(server, workers, ids)
+        alive, outputs, lost, doubled, attempts = drained(server, workers, ids)
     finally:
         (small_disk / "filler").unlink(missing_ok=True)
         if (server.data / "postmaster.pid").exists():
@@ -524,15 +373,3 @@ def test_a_full_disk_uses_up_no_attempt_and_everything_resumes_once_space_return
     assert transactions < 200, transactions
     assert (lost, doubled) == (0, 0)
     assert attempts == {1: n}, "no attempt was used up by the full disk"
-
-
-def _wait_for_completed(server: Cluster, n: int, timeout: float = 120.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        (done,) = _query(
-            server, "SELECT count(*) FROM django_inbox_inboxmessage WHERE status = 'completed'"
-        )[0]
-        if int(done) >= n:  # type: ignore[call-overload]
-            return int(done)  # type: ignore[call-overload]
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {n} messages completed in {timeout:.0f} s")

@@ -173,3 +173,20 @@ def test_until_idle_zero_drains_what_is_waiting_then_stops(queue: str) -> None:
     stats = BrokerConsumer(consumer="effects", queue=queue, broker_url=BROKER, until_idle=0).run()
 
     assert stats.outcomes == {"processed": 3}
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("amqp://guest:guest@127.0.0.1:5672//", 60.0),
+        ("amqps://broker.example:5671//", 60.0),
+        ("pyamqp://127.0.0.1//", 60.0),
+        ("amqp://127.0.0.1//?heartbeat=10", None),  # the URL's own
+        ("redis://127.0.0.1:6379/0", None),
+        ("sqs://", None),
+    ],
+)
+def test_amqp_connections_ask_for_the_heartbeat_setting(url: str, expected: float | None) -> None:
+    from django_inbox.broker.transports.kombu import _heartbeat
+
+    assert _heartbeat(url) == ({} if expected is None else {"heartbeat": expected})

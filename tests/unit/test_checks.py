@@ -225,6 +225,17 @@ def test_e007_not_a_positive_int(name: str, value: object) -> None:
     assert name in text
 
 
+# --- E010 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["INBOX_POLL_INTERVAL", "INBOX_BROKER_HEARTBEAT"])
+@pytest.mark.parametrize("value", ["1 second", -1, float("nan")])
+def test_e010_not_a_duration(name: str, value: object) -> None:
+    with override_settings(**{name: value}):
+        text = assert_check_fails("django_inbox.E010")
+    assert name in text
+
+
 # --- E019 ------------------------------------------------------------------------------------
 
 

@@ -15,11 +15,17 @@ ALL_INBOX_SETTINGS = sorted(DEFAULTS)
 
 @pytest.fixture
 def bare_settings(settings):  # type: ignore[no-untyped-def]
-    """Django settings with no ``INBOX_*`` name at all (the testproject sets INBOX_CONSUMERS)."""
+    """Django settings with no ``INBOX_*`` name at all (the testproject sets INBOX_CONSUMERS).
+
+    pytest-django's ``delattr`` sends no ``setting_changed`` for the name it deletes, so what
+    ``inbox_settings`` read before (at an import, in an earlier test) is forgotten here: the
+    defaults test failed when another module was collected first."""
     for name in ALL_INBOX_SETTINGS:
         if hasattr(settings, name):
             delattr(settings, name)
-    return settings
+    inbox_settings.reload()
+    yield settings
+    inbox_settings.reload()
 
 
 def test_testproject_leaves_global_policy_unset() -> None:
@@ -99,6 +105,8 @@ def test_override_settings_decorator() -> None:
         ("INBOX_BACKOFF_MAX", "backoff_max", "2h", 7200.0),
         ("INBOX_BACKOFF_MAX", "backoff_max", 90, 90.0),
         ("INBOX_POLL_INTERVAL", "poll_interval", "250ms", 0.25),
+        ("INBOX_BROKER_HEARTBEAT", "broker_heartbeat", "30s", 30.0),
+        ("INBOX_BROKER_HEARTBEAT", "broker_heartbeat", None, 0.0),
         ("INBOX_RETENTION", "retention", "1w", 604_800.0),
     ],
 )

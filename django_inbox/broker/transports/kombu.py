@@ -16,10 +16,20 @@ from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.messaging import Consumer
 
+from ...conf import inbox_settings
 from .base import Received, Subscription, Transport
 
 #: The broker refused what we asked for: retrying cannot help, the configuration must change.
 REFUSALS = (AccessRefused, NotAllowed, NotFound, PreconditionFailed)
+
+
+def _heartbeat(url: str) -> dict[str, float]:
+    """AMQP heartbeats (``INBOX_BROKER_HEARTBEAT``) unless the URL sets its own: without
+    them, RabbitMQ keeps a cut-off or frozen consumer's unacknowledged messages for as long as
+    its TCP connection looks open, which for an idle one can be forever."""
+    if not url.split("://", 1)[0].endswith(("amqp", "amqps")) or "heartbeat=" in url:
+        return {}
+    return {"heartbeat": inbox_settings.broker_heartbeat}
 
 
 class KombuTransport(Transport):
@@ -33,7 +43,9 @@ class KombuTransport(Transport):
         self.routing_key: str | None = options.get("routing_key")
         self.transport_options = dict(options.get("transport_options") or {})
         self.refusals = REFUSALS
-        self.connection = connection = Connection(url, transport_options=self.transport_options)
+        self.connection = connection = Connection(
+            url, transport_options=self.transport_options, **_heartbeat(url)
+        )
         self.connection_errors = (*connection.connection_errors, *connection.channel_errors)
         self._consumer: Consumer | None = None
         self._received: list[Received] = []
