@@ -101,20 +101,12 @@ def _run(
             args = ("inbox_consume", "--consumer", "effects", "--queue", queue, "--no-declare",
                     "--broker", node.url_at(address))  # fmt: skip
         procs.append(manage_on(url, *args, "--until-idle", "2", prefix=prefix))
-    marks: dict[str, tuple[float, float, float, float, float]] = {}
-    deadline = time.monotonic() + 600
-    while len(marks) < 2 and time.monotonic() < deadline:
-        (done,) = _sql(cluster, f"SELECT count(*) FROM {INBOX} WHERE status = 'completed'")[0]
-        for name, share in (("start", 0.1), ("end", 0.9)):
-            if name not in marks and done >= share * expected:
-                marks[name] = (
-                    time.monotonic(),
-                    machine_busy(),
-                    _postgres_cpu(cluster),
-                    _rabbit_cpu(node) if workload == "consume" else 0.0,
-                    sum(proc_cpu(proc.pid) for proc in procs),
-                )
-        time.sleep(0.05)
+    try:
+        marks = _marks(cluster, node, procs, workload, expected)
+    finally:  # measured (or failed): the commands stop, gracefully
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
     for proc in procs:
         _out, err = proc.communicate(timeout=300)
         if proc.returncode != 0:
@@ -133,6 +125,27 @@ def _run(
         "commands_cpu_us_per_row": (py1 - py0) / rows * 1e6,
         "postgres_cpu_us_per_row": (pg1 - pg0) / rows * 1e6,
     }
+
+
+def _marks(
+    cluster: Any, node: Any, procs: list[Any], workload: str, expected: int
+) -> dict[str, tuple[float, float, float, float, float]]:
+    """The time and CPU counters when 10% and 90% of ``expected`` rows were completed."""
+    marks: dict[str, tuple[float, float, float, float, float]] = {}
+    deadline = time.monotonic() + 600
+    while len(marks) < 2 and time.monotonic() < deadline:
+        (done,) = _sql(cluster, f"SELECT count(*) FROM {INBOX} WHERE status = 'completed'")[0]
+        for name, share in (("start", 0.1), ("end", 0.9)):
+            if name not in marks and done >= share * expected:
+                marks[name] = (
+                    time.monotonic(),
+                    machine_busy(),
+                    _postgres_cpu(cluster),
+                    _rabbit_cpu(node) if workload == "consume" else 0.0,
+                    sum(proc_cpu(proc.pid) for proc in procs),
+                )
+        time.sleep(0.05)
+    return marks
 
 
 def bench_hosts() -> dict[str, Any]:

@@ -125,6 +125,23 @@ def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
     return errors
 
 
+def _heartbeat_errors() -> list[CheckMessage]:
+    """AMQP sends the heartbeat as whole seconds in 16 bits: 0 (off), or 1 to 65,535."""
+    try:
+        seconds = to_seconds(_setting("INBOX_BROKER_HEARTBEAT") or 0)
+    except ValueError as exc:
+        return [Error(f"INBOX_BROKER_HEARTBEAT: {exc}.", id="django_inbox.E010")]
+    if seconds and (seconds != int(seconds) or not 1 <= seconds <= 65_535):
+        return [
+            Error(
+                f"INBOX_BROKER_HEARTBEAT: {seconds:g} s; AMQP takes whole seconds from 1 to "
+                "65,535 (or 0 for none).",
+                id="django_inbox.E010",
+            )
+        ]
+    return []
+
+
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     errors = _policy_errors("INBOX_*", {key: _setting(name) for key, name in POLICY_KEYS.items()})
@@ -175,11 +192,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="django_inbox.E006",
             )
         )
-    for name in ("INBOX_POLL_INTERVAL", "INBOX_BROKER_HEARTBEAT"):
-        try:
-            to_seconds(_setting(name) or 0)
-        except ValueError as exc:
-            errors.append(Error(f"{name}: {exc}.", id="django_inbox.E010"))
+    try:
+        to_seconds(_setting("INBOX_POLL_INTERVAL"))
+    except ValueError as exc:
+        errors.append(Error(f"INBOX_POLL_INTERVAL: {exc}.", id="django_inbox.E010"))
+    errors.extend(_heartbeat_errors())
     try:
         to_seconds(_setting("INBOX_MAX_PENDING_AGE"))
     except ValueError as exc:

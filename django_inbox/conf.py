@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_BROKER_URL": None,
     "INBOX_BROKER_TRANSPORT_OPTIONS": {},
     "INBOX_PREFETCH": 100,
-    "INBOX_BROKER_HEARTBEAT": 60,
+    "INBOX_BROKER_HEARTBEAT": 0,
     "INBOX_ENVELOPE": "django_inbox.broker.envelope.parse",
     "INBOX_POLL_INTERVAL": 1.0,
     "INBOX_ADMIN": True,

@@ -82,7 +82,10 @@ class Acker:
         self.shutdown = shutdown
         self.on_message_done = on_message_done
         self.stats = ConsumeStats()
-        self.outage = Outage(using, f"inbox_consume {intake.consumer}", shutdown.wait)
+        self.outage = Outage(using, f"inbox_consume {intake.consumer}", self._wait)
+        #: Tells the broker the consumer is alive while it waits for the database (the loop
+        #: sets it to its transport's ``keepalive``).
+        self.keepalive: Callable[[], None] = lambda: None
         self.pending: list[tuple[Any, NewRow, float]] = []
         #: The broker connection's own errors (set by the loop on each connection): raised
         #: through, never taken for a failure of the message at hand. Acknowledging the open
@@ -111,6 +114,18 @@ class Acker:
                 continue
             self.outage.over()
             return result
+
+    def _wait(self, seconds: float) -> bool:
+        """Wait ``seconds`` for the database, keeping the broker connection alive every
+        second; ``True`` if a stop was requested meanwhile."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.keepalive()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self.shutdown.wait(min(left, 1.0)):
+                return True
 
     def _database_error(self, exc: DatabaseError) -> None:
         """A statement of the inbox failed with the connection intact (a lock or statement

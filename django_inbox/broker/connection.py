@@ -212,6 +212,7 @@ class BrokerConsumer:
         # Idle time counts only while connected: an unreachable broker is not "idle".
         self._last_message = time.monotonic()
         self.acker.broken = transport.connection_errors
+        self.acker.keepalive = transport.keepalive
         try:
             self._read(transport, backoff)
         except BaseException as exc:

@@ -13,12 +13,14 @@ reclaim, replay or delete a row twice.
   :mod:`~django_inbox.services.rerun`; skipping: :mod:`~django_inbox.services.skipping`);
 - :mod:`~django_inbox.services.showing`: a stored value as an operator reads it;
 - :mod:`~django_inbox.services.stats`: counts and known consumers;
-  :mod:`~django_inbox.services.problems`: the problems they show.
+  :mod:`~django_inbox.services.problems`: the problems they show;
+- :mod:`~django_inbox.services.groups`: failure groups, the problem rows by cause.
 """
 
 from __future__ import annotations
 
 from .actions import ActionResult
+from .groups import GROUPED, FailureGroup, failure_groups, group_pks
 from .operator import PARKABLE, REPLAYABLE, RETRYABLE, SKIPPABLE, park, replay, retry_now
 from .process import (
     AckMode,
@@ -49,6 +51,7 @@ from .stats import (
 )
 
 __all__ = [
+    "GROUPED",
     "PARKABLE",
     "PROBLEM_KINDS",
     "PURGEABLE",
@@ -64,6 +67,7 @@ __all__ = [
     "ConsumeStats",
     "ConsumerStats",
     "DatabaseMisconfigured",
+    "FailureGroup",
     "InboxStats",
     "Problem",
     "PurgeProgress",
@@ -77,8 +81,10 @@ __all__ = [
     "command_actor",
     "count_by_status",
     "expired",
+    "failure_groups",
     "find",
     "give_back_interrupted",
+    "group_pks",
     "known_consumers",
     "park",
     "process_due",

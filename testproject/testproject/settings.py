@@ -135,7 +135,7 @@ INBOX_BROKER_TRANSPORT_OPTIONS = env.json(
         else {}
     ),
 )
-INBOX_BROKER_HEARTBEAT = env.float("INBOX_BROKER_HEARTBEAT", default=60.0)
+INBOX_BROKER_HEARTBEAT = env.int("INBOX_BROKER_HEARTBEAT", default=0)
 INBOX_MAX_PAYLOAD_BYTES = env.int("INBOX_MAX_PAYLOAD_BYTES", default=1024 * 1024)
 # The outbox's relays: the chaos tests shorten the lease so killed relays' rows come back soon.
 INBOX_OUTBOX_LEASE = env.float("OUTBOX_LEASE", default=60.0)

@@ -178,15 +178,27 @@ def test_until_idle_zero_drains_what_is_waiting_then_stops(queue: str) -> None:
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("amqp://guest:guest@127.0.0.1:5672//", 60.0),
-        ("amqps://broker.example:5671//", 60.0),
-        ("pyamqp://127.0.0.1//", 60.0),
+        ("amqp://guest:guest@127.0.0.1:5672//", 60),
+        ("amqps://broker.example:5671//", 60),
+        ("pyamqp://127.0.0.1//", 60),
         ("amqp://127.0.0.1//?heartbeat=10", None),  # the URL's own
         ("redis://127.0.0.1:6379/0", None),
         ("sqs://", None),
     ],
 )
-def test_amqp_connections_ask_for_the_heartbeat_setting(url: str, expected: float | None) -> None:
+def test_amqp_connections_ask_for_the_heartbeat_setting(url: str, expected: int | None) -> None:
     from django_inbox.broker.transports.kombu import _heartbeat
 
-    assert _heartbeat(url) == ({} if expected is None else {"heartbeat": expected})
+    with override_settings(INBOX_BROKER_HEARTBEAT="1m"):
+        assert _heartbeat(url) == ({} if expected is None else {"heartbeat": expected})
+    with override_settings(INBOX_BROKER_HEARTBEAT=0):
+        assert _heartbeat(url) == {}
+
+
+def test_no_heartbeat_unless_set() -> None:
+    from django_inbox.broker.transports.kombu import _heartbeat
+    from django_inbox.conf import DEFAULTS
+
+    assert DEFAULTS["INBOX_BROKER_HEARTBEAT"] == 0
+    with override_settings(INBOX_BROKER_HEARTBEAT=None):
+        assert _heartbeat("amqp://127.0.0.1//") == {}

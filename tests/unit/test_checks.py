@@ -236,6 +236,19 @@ def test_e010_not_a_duration(name: str, value: object) -> None:
     assert name in text
 
 
+@pytest.mark.parametrize("value", [0.5, "1500ms", 65_536, "1d"])
+def test_e010_a_heartbeat_amqp_cannot_send(value: object) -> None:
+    with override_settings(INBOX_BROKER_HEARTBEAT=value):
+        text = assert_check_fails("django_inbox.E010")
+    assert "whole seconds from 1 to 65,535" in text
+
+
+@pytest.mark.parametrize("value", [0, None, 1, "30s", "2m", 65_535])
+def test_heartbeats_amqp_can_send_pass(value: object) -> None:
+    with override_settings(INBOX_BROKER_HEARTBEAT=value):
+        assert "django_inbox.E010" not in ids(check_settings())
+
+
 # --- E019 ------------------------------------------------------------------------------------
 
 

@@ -162,6 +162,10 @@ class Transport(ABC):
     def idle(self) -> None:  # noqa: B027 (most transports need nothing)
         """Nothing arrived and nothing is pending: keep the connection alive."""
 
+    def keepalive(self) -> None:  # noqa: B027 (most transports need nothing)
+        """The loop waits for the database with a message held: tell the broker it is alive
+        without reading (what arrives must wait). Never raises."""
+
     @abstractmethod
     def close(self) -> None:
         """Let go of the connection; never raises."""

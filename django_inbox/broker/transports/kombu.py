@@ -9,6 +9,7 @@ collects what one call delivered. Options (:attr:`Subscription.options`): ``exch
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from amqp.exceptions import AccessRefused, NotAllowed, NotFound, PreconditionFailed
@@ -23,13 +24,19 @@ from .base import Received, Subscription, Transport
 REFUSALS = (AccessRefused, NotAllowed, NotFound, PreconditionFailed)
 
 
-def _heartbeat(url: str) -> dict[str, float]:
-    """AMQP heartbeats (``INBOX_BROKER_HEARTBEAT``) unless the URL sets its own: without
-    them, RabbitMQ keeps a cut-off or frozen consumer's unacknowledged messages for as long as
-    its TCP connection looks open, which for an idle one can be forever."""
-    if not url.split("://", 1)[0].endswith(("amqp", "amqps")) or "heartbeat=" in url:
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def _heartbeat(url: str) -> dict[str, int]:
+    """AMQP heartbeats (``INBOX_BROKER_HEARTBEAT``, whole seconds; off by default) unless the
+    URL sets its own: without them, RabbitMQ keeps a cut-off or frozen consumer's
+    unacknowledged messages for as long as its TCP connection looks open, which for an idle
+    one can be forever."""
+    seconds = int(inbox_settings.broker_heartbeat)
+    scheme = url.split("://", 1)[0]
+    if not seconds or scheme not in AMQP_SCHEMES or "heartbeat=" in url:
         return {}
-    return {"heartbeat": inbox_settings.broker_heartbeat}
+    return {"heartbeat": seconds}
 
 
 class KombuTransport(Transport):
@@ -82,6 +89,16 @@ class KombuTransport(Transport):
 
     def idle(self) -> None:
         self.connection.heartbeat_check()
+
+    def keepalive(self) -> None:
+        """A heartbeat frame, sent without reading: RabbitMQ sees the consumer alive while it
+        waits out a database outage (its missed-heartbeat check would close the connection
+        after one interval of silence, and hand the prefetched messages to others)."""
+        if not self.connection.heartbeat:
+            return
+        # A connection that is gone raises: the loop finds out when it reads.
+        with contextlib.suppress(Exception):
+            self.connection.connection.send_heartbeat()
 
     def close(self) -> None:
         try:

@@ -14,6 +14,7 @@ from ...services import (
     REPLAYABLE,
     command_actor,
     count_by_status,
+    group_pks,
     replay,
     rerun_blocked,
     rerun_failed,
@@ -69,6 +70,14 @@ class Command(InboxCommand):
             help="Message id; repeatable.",
         )
         parser.add_argument("--consumer", default=None, help="Only this consumer's rows.")
+        parser.add_argument(
+            "--group",
+            action="append",
+            dest="groups",
+            default=[],
+            metavar="ID",
+            help="A failure group's rows (inbox_stats --groups lists them); repeatable.",
+        )
         parser.add_argument(
             "--key",
             type=text,
@@ -157,6 +166,7 @@ class Command(InboxCommand):
                 "--since is not before --until: the window holds no row.", returncode=MISCONFIGURED
             )
         criteria = (
+            "groups",
             "pks",
             "message_ids",
             "consumer",
@@ -168,17 +178,21 @@ class Command(InboxCommand):
         )
         if not options["all"] and not any(options[name] for name in criteria):
             raise CommandError(
-                "say what to replay: --status, --consumer, --event-type, --key, --id, "
+                "say what to replay: --group, --status, --consumer, --event-type, --key, --id, "
                 "--message-id, --since/--until, or --all for every dead and parked row.",
                 returncode=MISCONFIGURED,
             )
         require_known_consumers([options["consumer"]])
+        statuses = options["statuses"] or list(REPLAYABLE)
+        pks = options["pks"] or None
+        if options["groups"]:
+            pks = _in_groups(options["groups"], statuses, pks)
         rows = select(
-            pks=options["pks"] or None,
+            pks=pks,
             message_ids=options["message_ids"] or None,
             consumer=options["consumer"],
             event_types=options["event_types"] or None,
-            statuses=options["statuses"] or list(REPLAYABLE),
+            statuses=statuses,
             since=options["since"],
             until=options["until"],
             keys=options["keys"] or None,
@@ -295,6 +309,22 @@ class Command(InboxCommand):
             self.stdout.write("")
             return False
         return answer.strip().lower() in ("y", "yes")
+
+
+def _in_groups(groups: list[str], statuses: list[str], pks: list[int] | None) -> list[int]:
+    """The rows of ``groups`` in ``statuses`` (and among ``pks``, if given); exit 2 for a group
+    that holds no dead, parked or failed row at all (a mistyped or an old id)."""
+    found: set[int] = set()
+    for group in groups:
+        members = group_pks(group, statuses=statuses)
+        if not members and not group_pks(group):
+            raise CommandError(
+                f"no failure group {group!r}: inbox_stats --groups lists them (an id changes "
+                "with the consumer, the exception or the masked message)",
+                returncode=MISCONFIGURED,
+            )
+        found.update(members)
+    return sorted(found & set(pks)) if pks is not None else sorted(found)
 
 
 def _at_a_terminal() -> bool:

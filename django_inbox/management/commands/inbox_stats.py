@@ -7,7 +7,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from ...conf import inbox_settings
-from ...services import PROBLEM_KINDS, STATUSES, InboxStats, collect
+from ...services import PROBLEM_KINDS, STATUSES, FailureGroup, InboxStats, collect, failure_groups
 from ..base import MISCONFIGURED, InboxCommand, require_known_consumers, seconds
 
 #: Exit code when problems were found.
@@ -42,12 +42,24 @@ class Command(InboxCommand):
             help="Don't count this kind of problem; repeatable.",
         )
         parser.add_argument(
+            "--groups",
+            action="store_true",
+            help=(
+                "List the failure groups instead: dead, parked and failed rows by exception "
+                "and masked message, the largest first; inbox_replay --group ID replays one. "
+                "Exit 0 (the groups are the report, not a health check)."
+            ),
+        )
+        parser.add_argument(
             "--exact",
             action="store_true",
             help="Count completed rows even on a large table (otherwise estimated above 1M).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["groups"]:
+            self._groups(options)
+            return
         try:
             require_known_consumers([options["consumer"]])
             stats = collect(
@@ -69,6 +81,44 @@ class Command(InboxCommand):
             self.stdout.write(render(stats))
         if stats.problems:
             raise CommandError(f"{len(stats.problems)} problem(s) found", returncode=PROBLEMS)
+
+    def _groups(self, options: dict[str, Any]) -> None:
+        try:
+            require_known_consumers([options["consumer"]])
+            groups = failure_groups(consumer=options["consumer"])
+        except DatabaseError as exc:
+            raise CommandError(
+                f"cannot read the inbox table ({exc.__class__.__name__}); is the database up "
+                "and are migrations applied?",
+                returncode=MISCONFIGURED,
+            ) from None
+        if options["json"]:
+            self.stdout.write(
+                json.dumps({"groups": [g.as_dict() for g in groups]}, indent=2, default=str)
+            )
+        elif options["verbosity"] >= 1:
+            self.stdout.write(render_groups(groups))
+
+
+def render_groups(groups: list[FailureGroup]) -> str:
+    """The failure groups as ``inbox_stats --groups`` prints them."""
+    if not groups:
+        return "no dead, parked or failed rows"
+    lines = []
+    for group in groups:
+        statuses = ", ".join(f"{status} {n:,}" for status, n in sorted(group.statuses.items()))
+        lines.append(
+            f"{group.id}  {group.count:,} row(s) ({statuses})  {group.consumer}  "
+            f"{group.exception or '(no exception)'}"
+        )
+        lines.append(f"    {group.pattern or '(no message)'}")
+        lines.append(
+            f"    first {group.first_seen:%Y-%m-%d %H:%M:%S %Z}, last "
+            f"{group.last_seen:%Y-%m-%d %H:%M:%S %Z}, e.g. {group.sample_message_id}"
+        )
+    total = sum(group.count for group in groups)
+    lines.append(f"{len(groups):,} group(s), {total:,} row(s); replay one: inbox_replay --group ID")
+    return "\n".join(lines)
 
 
 def _age(seconds: float) -> str:
