@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pty
+import select
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ def _asking() -> tuple[subprocess.Popen[bytes], int]:
     os.close(its_side)
     shown = b""
     while b"[y/N]" not in shown:
+        assert select.select([terminal], [], [], 30)[0], f"no question in 30 s: {shown!r}"
         chunk = os.read(terminal, 1024)
         assert chunk, shown
         shown += chunk
@@ -37,6 +39,7 @@ def _asking() -> tuple[subprocess.Popen[bytes], int]:
 def _output(terminal: int) -> str:
     said = b""
     while True:
+        assert select.select([terminal], [], [], 30)[0], f"no end in 30 s: {said!r}"
         try:
             chunk = os.read(terminal, 1024)
         except OSError:  # the other side closed
@@ -59,7 +62,8 @@ def _interrupted_at_once() -> str:
         return "hung"
     finally:
         os.close(terminal)
-    return "interrupted" if proc.returncode != 0 else f"exited {proc.returncode}"
+    # An uncaught KeyboardInterrupt ends Python by SIGINT: anything else is another end.
+    return "interrupted" if proc.returncode == -signal.SIGINT else f"exited {proc.returncode}"
 
 
 @pytest.mark.slow
