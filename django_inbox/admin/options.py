@@ -19,6 +19,7 @@ from ..models import ATTENTION_STATUSES, InboxMessage
 from ..services import by_message_id
 from .actions import ACTIONS, ActionsMixin
 from .filters import ConsumerFilter, EventTypeFilter, ReceivedFilter
+from .groups import GroupFilter, GroupsViewMixin
 from .guards import payload_lookup_allowed, primary_key, refuse_unstorable_query
 from .keys import KeyViewMixin
 from .paginator import CappedCountPaginator, InboxChangeList
@@ -42,7 +43,7 @@ else:  # ModelAdmin is generic only in the type stubs
     _ModelAdmin = admin.ModelAdmin
 
 
-class InboxMessageAdmin(ActionsMixin, KeyViewMixin, _ModelAdmin):
+class InboxMessageAdmin(ActionsMixin, KeyViewMixin, GroupsViewMixin, _ModelAdmin):
     list_display = (
         "message_id",
         "consumer",
@@ -55,7 +56,7 @@ class InboxMessageAdmin(ActionsMixin, KeyViewMixin, _ModelAdmin):
         "short_error",
     )
     list_display_links = ("message_id",)
-    list_filter = ("status", ConsumerFilter, EventTypeFilter, ReceivedFilter)
+    list_filter = ("status", ConsumerFilter, EventTypeFilter, ReceivedFilter, GroupFilter)
     search_fields = ("message_id",)  # searched by get_search_results, through the indexes
     search_help_text = (
         "Exact message id; or key:VALUE, source:VALUE, pk:NUMBER. Key and source searches "
