@@ -20,6 +20,7 @@ from typing import Any
 
 from kombu.connection import Connection
 
+from .. import tracing
 from ..db.json import unreadable
 from .headers import check_table
 from .rows import Claimed
@@ -147,9 +148,11 @@ class Publisher:
                 self._tag += 1
                 tags[self._tag] = row
                 self._unconfirmed.add(self._tag)
-                self.channel.basic_publish(
-                    message, exchange=row.exchange, routing_key=row.routing_key, mandatory=True
-                )
+                destination = row.exchange or row.routing_key
+                with tracing.publish_span(row.headers, destination, row.message_id):
+                    self.channel.basic_publish(
+                        message, exchange=row.exchange, routing_key=row.routing_key, mandatory=True
+                    )
             self._await(set(tags))
             # Settled inside the try: the ``finally`` below forgets this batch's tags.
             for tag, row in tags.items():

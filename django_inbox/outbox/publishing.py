@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from .. import clock
+from .. import clock, tracing
 from ..conf import inbox_settings
 from ..db import on_commit, preparing
 from ..exceptions import InvalidField, InvalidPayload, PayloadTooLarge
@@ -60,17 +60,23 @@ def publish(
     cause = current_message()
     consumer = cause_id = ""
     encoded_headers = None
+    # W3C's headers of the current span (OpenTelemetry), else the causing message's; its
+    # other trace headers (baggage, B3) as they came.
+    trace = tracing.current_headers(sent_headers)
     if cause is not None:
         consumer, cause_id = cause.consumer, cause.message_id
         sent_headers.setdefault(CAUSATION_CONSUMER, consumer)
         sent_headers.setdefault(CAUSATION_ID, cause_id)
-        trace = amqp_headers.carried(cause.headers, sent_headers)
+        carried = amqp_headers.carried(cause.headers, sent_headers)
         if trace:
-            try:
-                encoded_headers = amqp_headers.encode({**sent_headers, **trace})
-            except PayloadTooLarge:  # the caller's own headers come first
-                for name in trace:
-                    amqp_headers.dropped(name, "with it the headers would pass their limit")
+            carried = {k: v for k, v in carried.items() if k not in tracing.TRACE_HEADERS}
+        trace = {**carried, **trace}
+    if trace:
+        try:
+            encoded_headers = amqp_headers.encode({**sent_headers, **trace})
+        except PayloadTooLarge:  # the caller's own headers come first
+            for name in trace:
+                amqp_headers.dropped(name, "with it the headers would pass their limit")
     if encoded_headers is None:
         encoded_headers = amqp_headers.encode(sent_headers)
     message_id = str(uuid.uuid4())

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import clock, events, history, side_effects
+from .. import clock, events, history, side_effects, tracing
 from ..conf import inbox_settings
 from ..db.connection import conflicted, connection_lost, transaction_aborted
 from ..db.json import unreadable
@@ -215,7 +215,7 @@ def run_handler(handler: Handler, message: InboxMessage, using: str) -> None:
     ``@side_effect`` calls skipped; the calls it skipped go into the row's history with the
     completion (here, in the same transaction) or with the failure that is recorded.
     """
-    with side_effects.handler_context(message, using) as suppressing:
+    with tracing.attempt_span(message), side_effects.handler_context(message, using) as suppressing:
         handler.func(message)
     _refuse_aborted(using)
     if suppressing is not None and suppressing.functions:
