@@ -19,11 +19,19 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import clock, events, history, side_effects, tracing
+from .. import clock, events, history, reporting, side_effects, tracing
 from ..conf import inbox_settings
 from ..db.connection import conflicted, connection_lost, transaction_aborted
 from ..db.json import unreadable
-from ..exceptions import LeaseLost, Park, Reject, Retry, TransactionAborted, UnreadableMessage
+from ..exceptions import (
+    HandlerOutcome,
+    LeaseLost,
+    Park,
+    Reject,
+    Retry,
+    TransactionAborted,
+    UnreadableMessage,
+)
 from ..models import InboxMessage
 from ..ordered import holding, ordering, rebuilds
 from ..outcomes import Outcome
@@ -215,8 +223,16 @@ def run_handler(handler: Handler, message: InboxMessage, using: str) -> None:
     ``@side_effect`` calls skipped; the calls it skipped go into the row's history with the
     completion (here, in the same transaction) or with the failure that is recorded.
     """
-    with tracing.attempt_span(message), side_effects.handler_context(message, using) as suppressing:
-        handler.func(message)
+    try:
+        with (
+            tracing.attempt_span(message),
+            side_effects.handler_context(message, using) as suppressing,
+        ):
+            handler.func(message)
+    except Exception as exc:
+        if not isinstance(exc, HandlerOutcome) and not not_the_handlers(exc, using):
+            reporting.handler_failed(exc, message)
+        raise
     _refuse_aborted(using)
     if suppressing is not None and suppressing.functions:
         InboxMessage.objects.using(using).filter(pk=message.pk).update(history=message.history)
