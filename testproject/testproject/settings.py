@@ -4,6 +4,7 @@
 ``postgres://postgres@127.0.0.1:5432/inbox`` to run on PostgreSQL.
 """
 
+import importlib.util
 from pathlib import Path
 
 import django
@@ -28,6 +29,13 @@ INSTALLED_APPS = [
     "shop",
     "effects",
 ]
+# django-celery-beat's tables, for the test of the inbox's PeriodicTask rows (the test extras
+# install it; the demo runs without). It imports Celery itself: INBOX_TEST_CELERY_BEAT=0 leaves
+# it out, for the test that the inbox's own modules do not.
+if importlib.util.find_spec("django_celery_beat") is not None and env.bool(
+    "INBOX_TEST_CELERY_BEAT", default=True
+):
+    INSTALLED_APPS.append("django_celery_beat")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
