@@ -1,14 +1,19 @@
 """Errors of handlers to Sentry, where ``sentry-sdk`` is installed and initialised: each
-failure of a handler (not the inbox's own interruptions: a lost database, a timeout of its own
-statements) is captured with the consumer, message id, event type and attempt as the event's
-``inbox`` context and as tags, never the payload or the headers (the frames' local variables,
-which Sentry sends by default, are left out of these events: a handler's locals hold its
-message). Without Sentry, one check."""
+failed attempt of a handler is captured once, where the inbox records it (after the rollback),
+with the consumer, message id, event type and attempt as the event's ``inbox`` context and as
+tags. Not a ``Reject``, ``Park`` or ``Retry`` the handler asked for, nor the inbox's own
+interruptions (a lost database, a timeout of its own statements). Never the payload or the
+headers: the frames' local variables, which Sentry sends by default, are left out of these
+events (a handler's locals hold its message). Without Sentry, one check."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from .exceptions import HandlerOutcome
+
+logger = logging.getLogger("django_inbox")
 _sdk: Any = None  # sentry_sdk once looked for; False when absent
 
 
@@ -25,9 +30,21 @@ def _sentry() -> Any:
 
 
 def handler_failed(exc: BaseException, message: Any) -> None:
-    """Capture ``exc``, raised by ``message``'s handler, with the inbox's context."""
+    """Capture ``exc``, raised by ``message``'s handler, with the inbox's context. Never
+    raises: a failure to report is logged, and the attempt's own failure stands."""
+    if isinstance(exc, HandlerOutcome):
+        return
     sentry = _sentry()
-    if not sentry or not sentry.get_client().is_active():
+    if not sentry:
+        return
+    try:
+        _capture(sentry, exc, message)
+    except Exception:
+        logger.warning("could not report a handler's failure to Sentry", exc_info=True)
+
+
+def _capture(sentry: Any, exc: BaseException, message: Any) -> None:
+    if not sentry.get_client().is_active():
         return
     about = {
         "consumer": message.consumer,

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from .. import clock, events, history
+from .. import clock, events, history, reporting
 from ..conf import inbox_settings
 from ..db import statements
 from ..db.connection import connection_lost
@@ -273,6 +273,7 @@ def _record_first_failure(
         return late.report(row, pk, using)  # purged meanwhile: a late copy now
     message = materialise(row, pk, using)
     failure(message, entry, status, row.next_attempt_at, using=using, duration=duration)
+    reporting.handler_failed(exc, message)
     return Outcome(status)
 
 

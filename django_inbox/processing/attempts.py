@@ -24,7 +24,6 @@ from ..conf import inbox_settings
 from ..db.connection import conflicted, connection_lost, transaction_aborted
 from ..db.json import unreadable
 from ..exceptions import (
-    HandlerOutcome,
     LeaseLost,
     Park,
     Reject,
@@ -223,16 +222,11 @@ def run_handler(handler: Handler, message: InboxMessage, using: str) -> None:
     ``@side_effect`` calls skipped; the calls it skipped go into the row's history with the
     completion (here, in the same transaction) or with the failure that is recorded.
     """
-    try:
-        with (
-            tracing.attempt_span(message),
-            side_effects.handler_context(message, using) as suppressing,
-        ):
-            handler.func(message)
-    except Exception as exc:
-        if not isinstance(exc, HandlerOutcome) and not not_the_handlers(exc, using):
-            reporting.handler_failed(exc, message)
-        raise
+    with (
+        tracing.attempt_span(message),
+        side_effects.handler_context(message, using) as suppressing,
+    ):
+        handler.func(message)
     _refuse_aborted(using)
     if suppressing is not None and suppressing.functions:
         InboxMessage.objects.using(using).filter(pk=message.pk).update(history=message.history)
@@ -286,6 +280,8 @@ def record_failure(
         )
         return Outcome.IN_PROGRESS
     failure(message, entry, status, next_attempt_at, using=using, duration=duration)
+    if handler is not None:
+        reporting.handler_failed(exc, message)
     return Outcome(status)
 
 

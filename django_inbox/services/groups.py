@@ -139,10 +139,18 @@ def failure_groups(
     )
 
 
-def group_pks(group: str, *, statuses: Iterable[str] = GROUPED) -> list[int]:
-    """The ids of the rows in ``statuses`` that belong to ``group``, in order."""
-    return sorted(
-        pk
-        for pk, name, _message_id, _status, last_error, _at in _rows(None, statuses)
-        if group_id(name, *cause(last_error)) == group
-    )
+def group_pks(
+    group: str,
+    *,
+    statuses: Iterable[str] = GROUPED,
+    consumer: str | None = None,
+    limit: int | None = None,
+) -> list[int]:
+    """The ids of the rows in ``statuses`` that belong to ``group``, in order: all of them, or
+    the first ``limit``. ``consumer`` (the group's own) narrows the rows read."""
+    found: list[int] = []
+    for pk, name, _message_id, _status, last_error, _at in _rows(consumer, statuses):
+        if group_id(name, *cause(last_error)) == group:
+            found.append(pk)
+    found.sort()
+    return found if limit is None else found[:limit]

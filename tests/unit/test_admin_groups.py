@@ -54,7 +54,7 @@ def test_the_groups_page_lists_each_cause_with_its_rows_and_its_newest_row() -> 
     for group in groups:
         row = re.search(rf'<tr id="group-{group.id}">.*?</tr>', page, re.S)
         assert row, group
-        assert f"?group={group.id}" in row.group(0)
+        assert f"?consumer=effects&amp;group={group.id}" in row.group(0)
         assert group.pattern.replace("<", "&lt;").replace(">", "&gt;") in row.group(0)
         assert group.sample_message_id in row.group(0)
     assert "3 groups, 10 dead, parked or failed rows" in page
@@ -65,8 +65,25 @@ def test_the_groups_page_lists_each_cause_with_its_rows_and_its_newest_row() -> 
 @pytest.mark.django_db
 def test_the_groups_page_needs_the_view_permission() -> None:
     _rows()
-    client = login(make_user("staff"))
-    assert client.get(GROUPS).status_code == 403
+    assert login(make_user("staff")).get(GROUPS).status_code == 403
+    assert login(make_user("viewer")).get(GROUPS).status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_group_larger_than_the_changelist_takes_is_listed_in_part_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_inbox.admin import groups
+
+    rows = _rows()
+    monkeypatch.setattr(groups, "MAX_GROUP_ROWS", 3)
+    missing = next(g for g in failure_groups() if g.exception == "Reject")
+    client = login(make_user("superuser"))
+
+    listed = client.get(f"{CHANGELIST}?consumer=effects&group={missing.id}")
+
+    assert result_pks(listed) == {row.pk for row in rows["missing"][:3]}
+    assert "Only the first 3 rows of this group are listed" in html(listed)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -80,6 +80,15 @@ def test_the_beat_schedule_as_periodic_tasks_read_by_the_database_scheduler() ->
     purge.crontab.refresh_from_db()
     assert (purge.crontab.minute, purge.crontab.hour, purge.expire_seconds) == ("17", "3", 3600)
 
+    # The scheduler loads a crontab with a fixed hour only within two hours of now: the
+    # purge at every hour's minute 17 is loaded whatever the time of the run.
+    register_periodic_tasks(
+        process_every=10,
+        reclaim_every=timedelta(minutes=1),
+        stats_every=30,
+        queue="upkeep",
+        purge_every=crontab(minute=17),
+    )
     app = Celery("inbox-test", set_as_current=False)
     app.conf.beat_schedule = {}
     schedule = DatabaseScheduler(app=app, lazy=True).all_as_schedule()
@@ -90,7 +99,8 @@ def test_the_beat_schedule_as_periodic_tasks_read_by_the_database_scheduler() ->
         "inbox-stats": "django_inbox.stats",
     }.items()
     assert schedule["inbox-process-due"].schedule.run_every == timedelta(seconds=10)
-    assert schedule["inbox-purge"].schedule == crontab(hour=3, minute=17)
+    assert schedule["inbox-purge"].schedule == crontab(minute=17)
+    assert PeriodicTask.objects.count() == 4  # updated in place
 
 
 @pytest.mark.django_db
@@ -106,4 +116,8 @@ def test_registering_again_updates_in_place_keeps_an_operators_disable_and_drops
     assert rows["inbox-stats"].enabled is False  # left out now
     due = rows["inbox-process-due"]
     assert (due.interval.every, due.interval.period) == (2_500_000, "microseconds")
-    assert due.enabled is True
+    assert (due.enabled, due.expire_seconds) == (True, 3)  # 2.5 s, rounded up
+
+    register_periodic_tasks(stats_every=60)  # back in the schedule: enabled again
+    rows = {task.name: task for task in PeriodicTask.objects.all()}
+    assert (rows["inbox-stats"].enabled, rows["inbox-reclaim"].enabled) == (True, False)

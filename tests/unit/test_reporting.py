@@ -12,8 +12,10 @@ import pytest
 import sentry_sdk
 from sentry_sdk.transport import Transport
 
-from django_inbox import deliver, reporting
+from django_inbox import Retry, deliver, reporting, store
 from django_inbox.models import InboxMessage
+from django_inbox.services import process_due
+from tests.conftest import handler
 
 
 class Captured(Transport):
@@ -74,6 +76,34 @@ def test_rejecting_or_parking_is_no_error(sentry: list[dict[str, Any]]) -> None:
             payload={"reject": "no such order"})  # fmt: skip
     deliver(consumer="effects", message_id="s-3", event_type="effect.write",
             payload={"park": "wait for the supplier"})  # fmt: skip
+    sentry_sdk.flush()
+    assert sentry == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failure_in_a_shared_transaction_is_captured_once_not_per_run(
+    sentry: list[dict[str, Any]],
+) -> None:
+    """A batch run in one transaction (commit_every) that fails runs again one message per
+    transaction: the failing handler raises twice, and is reported once, where recorded."""
+    for n in range(3):
+        store(consumer="effects", message_id=f"b-{n}", event_type="effect.write",
+              payload={"fail_text": "bad"} if n == 1 else {})  # fmt: skip
+    process_due(["effects"], commit_every=3, max_messages=3)
+    sentry_sdk.flush()
+
+    row = InboxMessage.objects.get(message_id="b-1")
+    assert row.attempts == 1, row.history
+    assert [event["contexts"]["inbox"]["message_id"] for event in sentry] == ["b-1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_the_handler_asks_for_is_no_error(sentry: list[dict[str, Any]]) -> None:
+    def later(message: Any) -> None:
+        raise Retry("not yet", delay=60)
+
+    with handler("order.paid", "retrying", later):
+        deliver(consumer="retrying", message_id="s-4", event_type="order.paid", payload={})
     sentry_sdk.flush()
     assert sentry == []
 

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from django_inbox import deliver, tracing
+from django_inbox import Reject, deliver, tracing
 from django_inbox.broker.connection import BrokerConsumer
 from django_inbox.models import InboxMessage
 from django_inbox.outbox import publish
@@ -37,7 +37,7 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(trace, "get_tracer", lambda name, *args, **kw: provider.get_tracer(name))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
     yield exporter
     provider.shutdown()
 
@@ -140,6 +140,36 @@ def test_one_trace_from_a_handler_through_the_outbox_and_rabbitmq_to_another_han
     assert sent.parent.span_id == a.context.span_id  # the relay publishes what a wrote
     assert b.parent.span_id == a.context.span_id  # b continues the context a's row carried
     assert sent.kind == trace.SpanKind.PRODUCER
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rejection_of_a_subclass_is_a_reject_not_an_error(spans: Any) -> None:
+    class OrderMissing(Reject):
+        pass
+
+    def refuse(message: Any) -> None:
+        raise OrderMissing("no such order")
+
+    with handler("order.paid", "trace_c", refuse):
+        deliver(consumer="trace_c", message_id="tr-4", event_type="order.paid", payload={})
+
+    (span,) = spans.get_finished_spans()
+    assert _attributes(span)["inbox.outcome"] == "reject"
+    assert span.status.status_code != trace.StatusCode.ERROR
+
+
+def test_with_the_api_but_no_sdk_no_span_is_made_and_headers_pass_as_they_came() -> None:
+    """The API's default provider (no SDK configured): spans would be no-ops, so none is
+    built, and publish() carries the incoming headers (tests/unit/test_outbox_headers.py)."""
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    assert tracing.attempt_span(object()).__enter__() is None
+    assert tracing.current_headers({}) == {}
+
+
+def test_a_callers_own_traceparent_keeps_its_pair(spans: Any) -> None:
+    with trace.get_tracer_provider().get_tracer("t").start_as_current_span("caller"):
+        assert set(tracing.current_headers({})) == {"traceparent"}
+        assert tracing.current_headers({"traceparent": TRACEPARENT}) == {}
 
 
 def test_without_opentelemetry_nothing_of_it_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:

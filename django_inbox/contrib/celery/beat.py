@@ -11,7 +11,8 @@
 It writes one ``PeriodicTask`` per entry of :func:`~.schedule.beat_schedule` (same names,
 tasks, arguments, queue and expiry), with an ``IntervalSchedule``, ``CrontabSchedule`` or
 ``SolarSchedule`` as the entry's schedule is. Running it again updates them in place; a task an
-operator disabled stays disabled; an entry now left out (``stats_every=None``) is disabled.
+operator disabled stays disabled; an entry now left out (``stats_every=None``) is disabled, and
+enabled again once it is back.
 
 .. _django-celery-beat: https://pypi.org/project/django-celery-beat/
 """
@@ -19,12 +20,17 @@ operator disabled stays disabled; an entry now left out (``stats_every=None``) i
 from __future__ import annotations
 
 import json
+import math
 from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
 
 from .schedule import FALLBACK_EXPIRES, beat_schedule, period_seconds
+
+#: The description of a task this module disabled (its entry left out), so that registering
+#: it again enables it, where a task an operator disabled stays disabled.
+LEFT_OUT = "disabled by django_inbox: left out of the schedule"
 
 
 def _schedule_row(every: Any) -> tuple[str, Any]:
@@ -71,16 +77,19 @@ def register_periodic_tasks(**options: Any) -> list[Any]:
                     "task": entry["task"],
                     "kwargs": json.dumps(entry["kwargs"]),
                     "queue": entry["options"].get("queue"),
-                    "expire_seconds": max(1, round(entry["options"]["expires"])),
+                    "expire_seconds": max(1, math.ceil(entry["options"]["expires"])),
                     **schedules,
                 },
             )
+            if not task.enabled and task.description == LEFT_OUT:  # ours, not an operator's
+                task.enabled, task.description = True, ""
+                task.save()
             tasks.append(task)
         # One by one: django-celery-beat tells beat of a change on each save.
         left_out = PeriodicTask.objects.filter(
             name__in=set(FALLBACK_EXPIRES) - set(entries), enabled=True
         )
         for task in left_out:
-            task.enabled = False
+            task.enabled, task.description = False, LEFT_OUT
             task.save()
     return tasks
