@@ -6,8 +6,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.utils.module_loading import import_string
 
+from .broker.checks import check_broker_settings  # noqa: F401  (registers the broker checks)
 from .conf import DEFAULTS, POLICY_KEYS, SIDE_EFFECTS_CHOICES, UNHANDLED_CHOICES
 from .db.checks import check_database  # noqa: F401  (registers the database checks)
 from .durations import to_seconds
@@ -125,23 +125,6 @@ def _policy_errors(where: str, values: dict[str, Any]) -> list[CheckMessage]:
     return errors
 
 
-def _heartbeat_errors() -> list[CheckMessage]:
-    """AMQP sends the heartbeat as whole seconds in 16 bits: 0 (off), or 1 to 65,535."""
-    try:
-        seconds = to_seconds(_setting("INBOX_BROKER_HEARTBEAT") or 0)
-    except ValueError as exc:
-        return [Error(f"INBOX_BROKER_HEARTBEAT: {exc}.", id="django_inbox.E010")]
-    if seconds and (seconds != int(seconds) or not 1 <= seconds <= 65_535):
-        return [
-            Error(
-                f"INBOX_BROKER_HEARTBEAT: {seconds:g} s; AMQP takes whole seconds from 1 to "
-                "65,535 (or 0 for none).",
-                id="django_inbox.E010",
-            )
-        ]
-    return []
-
-
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     errors = _policy_errors("INBOX_*", {key: _setting(name) for key, name in POLICY_KEYS.items()})
@@ -196,37 +179,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         to_seconds(_setting("INBOX_POLL_INTERVAL"))
     except ValueError as exc:
         errors.append(Error(f"INBOX_POLL_INTERVAL: {exc}.", id="django_inbox.E010"))
-    errors.extend(_heartbeat_errors())
     try:
         to_seconds(_setting("INBOX_MAX_PENDING_AGE"))
     except ValueError as exc:
         errors.append(Error(f"INBOX_MAX_PENDING_AGE: {exc}.", id="django_inbox.E014"))
     if not any(message.is_serious() for message in errors):  # a W001 must not hide a W003
         errors.extend(_retention_warnings(consumers))
-    broker_url = _setting("INBOX_BROKER_URL")
-    if broker_url is not None and (not isinstance(broker_url, str) or "://" not in broker_url):
-        errors.append(
-            Error(
-                f"INBOX_BROKER_URL must be a kombu URL such as 'amqp://…' or None, "
-                f"got {broker_url!r}.",
-                id="django_inbox.E012",
-            )
-        )
-    if not isinstance(_setting("INBOX_BROKER_TRANSPORT_OPTIONS"), dict):
-        errors.append(
-            Error("INBOX_BROKER_TRANSPORT_OPTIONS must be a dict.", id="django_inbox.E012")
-        )
-    envelope = _setting("INBOX_ENVELOPE")
-    try:
-        if not isinstance(envelope, str) or not callable(import_string(envelope)):
-            raise ImportError(f"{envelope!r} is not the dotted path of a callable")
-    except ImportError as exc:
-        errors.append(
-            Error(
-                f"INBOX_ENVELOPE {envelope!r} cannot be imported as a callable: {exc}.",
-                id="django_inbox.E013",
-            )
-        )
     if _setting("INBOX_METRICS"):
         try:
             import prometheus_client  # noqa: F401

@@ -90,7 +90,7 @@ class Suppressing:
 
 
 _rerun: ContextVar[Suppressing | None] = ContextVar("django_inbox_rerun", default=None)
-#: The message whose handler runs in this context (set by ``attempts.run_handler``): what the
+#: The message whose handler runs in this context (set by ``calling.run_handler``): what the
 #: outbox records as the cause of what the handler publishes.
 running_message: ContextVar[InboxMessage | None] = ContextVar(
     "django_inbox_running_message", default=None

@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import MANAGE, ROOT
+from tests.conftest import MANAGE, process_env
 
 PG_BIN = (
     Path("/usr/lib/postgresql")
@@ -143,14 +143,7 @@ def private_cluster(**options: object) -> Iterator[Cluster]:
 
 def env_for(url: str, **extra: str) -> dict[str, str]:
     """The environment of a testproject command on the database at ``url``."""
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=url,
-        PYTHONPATH=os.pathsep.join([str(ROOT / "testproject"), str(ROOT)]),
-        INBOX_LOG_LEVEL="ERROR",
-    )
-    env.update(extra)
-    return env
+    return {**process_env(url), **extra}
 
 
 def manage_on(

@@ -65,6 +65,11 @@ def db_url(transactional_db: None) -> str:
 
 @pytest.fixture
 def subprocess_env(db_url: str) -> dict[str, str]:
+    return process_env(db_url)
+
+
+def process_env(db_url: str) -> dict[str, str]:
+    """The environment of a testproject process on the database at ``db_url``."""
     env = dict(os.environ)
     env["DATABASE_URL"] = db_url
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "testproject"), str(ROOT)])

@@ -13,7 +13,8 @@ from ..db.connection import connection_lost
 from ..models import InboxMessage
 from ..ordered import ordering
 from ..outcomes import Outcome
-from ..processing.attempts import processed, run_handler
+from ..processing.attempts import processed
+from ..processing.calling import run_handler
 from ..processing.commits import committing
 from ..registry import registry
 from .delivery import deliver_existing, deliver_row

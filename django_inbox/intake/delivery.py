@@ -30,9 +30,9 @@ from ..processing.attempts import (
     failure,
     failure_outcome,
     processed,
-    run_handler,
     run_released,
 )
+from ..processing.calling import run_handler
 from ..processing.claims import claim_batch
 from ..processing.commits import committing
 from ..processing.giving_back import give_back_interrupted

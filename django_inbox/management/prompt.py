@@ -27,3 +27,11 @@ def ask(question: str) -> str | None:
     if not line:
         return None
     return line.rstrip("\r\n")
+
+
+def at_a_terminal() -> bool:
+    """Whether standard input is a terminal, where a question can be asked."""
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError, OSError):  # replaced or closed (tests, daemons)
+        return False

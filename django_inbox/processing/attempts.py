@@ -19,16 +19,15 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import clock, events, history, reporting, side_effects, tracing
+from .. import clock, events, history, reporting
 from ..conf import inbox_settings
-from ..db.connection import conflicted, connection_lost, transaction_aborted
+from ..db.connection import conflicted, connection_lost
 from ..db.json import unreadable
 from ..exceptions import (
     LeaseLost,
     Park,
     Reject,
     Retry,
-    TransactionAborted,
     UnreadableMessage,
 )
 from ..models import InboxMessage
@@ -36,6 +35,7 @@ from ..ordered import holding, ordering, rebuilds
 from ..outcomes import Outcome
 from ..registry import Handler, registry
 from . import interruptions, leases
+from .calling import run_handler
 from .commits import committing, not_the_handlers, own_statements
 from .retry import RetryPolicy
 
@@ -213,32 +213,6 @@ def process_batch(messages: list[InboxMessage], *, using: str | None = None) -> 
     for message in messages:
         processed(message, share, using)
     return [Attempted(Outcome.PROCESSED)] * len(messages)
-
-
-def run_handler(handler: Handler, message: InboxMessage, using: str) -> None:
-    """Call the handler inside the caller's transaction; refuse to commit an aborted one.
-
-    A re-run of a completed message whose consumer suppresses side effects runs with
-    ``@side_effect`` calls skipped; the calls it skipped go into the row's history with the
-    completion (here, in the same transaction) or with the failure that is recorded.
-    """
-    with (
-        tracing.attempt_span(message),
-        side_effects.handler_context(message, using) as suppressing,
-    ):
-        handler.func(message)
-    _refuse_aborted(using)
-    if suppressing is not None and suppressing.functions:
-        InboxMessage.objects.using(using).filter(pk=message.pk).update(history=message.history)
-
-
-def _refuse_aborted(using: str) -> None:
-    if transaction_aborted(using):
-        raise TransactionAborted(
-            "the handler caught a database error without a savepoint, so its transaction "
-            "cannot commit; let the error propagate or wrap the statement in "
-            "transaction.atomic()"
-        )
 
 
 def failure_outcome(

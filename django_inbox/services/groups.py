@@ -154,3 +154,25 @@ def group_pks(
             found.append(pk)
     found.sort()
     return found if limit is None else found[:limit]
+
+
+class UnknownGroup(ValueError):
+    """Failure group ids that hold no dead, parked or failed row (mistyped, or from before the
+    rows changed: an id changes with the consumer, the exception or the masked message)."""
+
+
+def rows_of_groups(groups: Iterable[str], *, statuses: Iterable[str]) -> list[int]:
+    """The ids of the rows in ``statuses`` of any of ``groups``, in order (one read of the
+    grouped rows). Raises :class:`UnknownGroup` for a group with no grouped row at all."""
+    wanted, chosen = set(groups), set(statuses)
+    seen: set[str] = set()
+    found: list[int] = []
+    for pk, name, _message_id, status, last_error, _at in _rows(None, GROUPED):
+        key = group_id(name, *cause(last_error))
+        if key in wanted:
+            seen.add(key)
+            if status in chosen:
+                found.append(pk)
+    if wanted - seen:
+        raise UnknownGroup(", ".join(repr(group) for group in sorted(wanted - seen)))
+    return sorted(found)

@@ -53,7 +53,7 @@ def version(key: str) -> int:
 
 def rebuild(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``inbox_replay --key KEY --status completed --force --wait`` while workers run."""
-    from django_inbox.management.commands import inbox_replay
+    from django_inbox.management import following
 
     polls: list[int] = []
 
@@ -62,7 +62,7 @@ def rebuild(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
         assert len(polls) < 20, "inbox_replay --wait did not end"
         drain(idle=1.2)
 
-    monkeypatch.setattr(inbox_replay.time, "sleep", sleep)
+    monkeypatch.setattr(following.time, "sleep", sleep)  # --wait's poll
     call_command(
         "inbox_replay", "--consumer", CONSUMER, "--key", key, "--status", "completed",
         "--force", "--reason", "rebuild", "--wait", "--no-input",

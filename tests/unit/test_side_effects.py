@@ -383,7 +383,7 @@ def test_a_version_completing_while_its_key_is_selected_again_is_never_replayed_
 
 
 def test_wait_exits_1_when_a_rerun_version_goes_dead(monkeypatch: pytest.MonkeyPatch) -> None:
-    from django_inbox.management.commands import inbox_replay
+    from django_inbox.management import following
 
     for sequence in (1, 2, 3):
         version("A", sequence, sequence)
@@ -398,7 +398,7 @@ def test_wait_exits_1_when_a_rerun_version_goes_dead(monkeypatch: pytest.MonkeyP
         assert len(polls) < 30, "inbox_replay --wait did not stop"
         drain("projection")
 
-    monkeypatch.setattr(inbox_replay.time, "sleep", sleep)
+    monkeypatch.setattr(following.time, "sleep", sleep)  # --wait's poll
     with pytest.raises(CommandError, match=r"1 re-run row.* dead or parked; 1 wait behind"):
         call_command(
             "inbox_replay", "--consumer", "projection", "--key", "A", "--status", "completed",

@@ -6,7 +6,6 @@ one is left alone, so other tests see OpenTelemetry's no-ops)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -46,15 +45,15 @@ def _attributes(span: Any) -> dict[str, Any]:
     return dict(span.attributes or {})
 
 
+def _deliver(message_id: str, payload: dict[str, Any], **headers: str) -> None:
+    """A message of consumer ``effects`` arriving with ``headers`` (its trace context)."""
+    deliver(consumer="effects", message_id=message_id, event_type="effect.write",
+            payload=payload, headers=headers)  # fmt: skip
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_attempt_continues_the_trace_its_message_arrived_with(spans: Any) -> None:
-    deliver(
-        consumer="effects",
-        message_id="tr-1",
-        event_type="effect.write",
-        payload={"card": "4111-secret"},
-        headers={"traceparent": TRACEPARENT, "tracestate": "vendor=1"},
-    )
+    _deliver("tr-1", {"card": "4111-secret"}, traceparent=TRACEPARENT, tracestate="vendor=1")
 
     (span,) = spans.get_finished_spans()
     assert span.name == "inbox process effects effect.write"
@@ -76,13 +75,7 @@ def test_an_attempt_continues_the_trace_its_message_arrived_with(spans: Any) -> 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_retry_joins_the_same_trace_from_the_headers_kept_on_the_row(spans: Any) -> None:
-    deliver(
-        consumer="effects",
-        message_id="tr-2",
-        event_type="effect.write",
-        payload={"fail_times": 1},
-        headers={"traceparent": TRACEPARENT},
-    )
+    _deliver("tr-2", {"fail_times": 1}, traceparent=TRACEPARENT)
     row = InboxMessage.objects.get(message_id="tr-2")
     assert row.status == InboxMessage.Status.FAILED
     InboxMessage.objects.filter(pk=row.pk).update(next_attempt_at=row.received_at)  # due now
@@ -184,7 +177,9 @@ def test_without_opentelemetry_nothing_of_it_is_needed(monkeypatch: pytest.Monke
     assert tracing._api is False
 
 
-def test_importing_the_package_imports_nothing_of_opentelemetry() -> None:
+def test_importing_the_package_imports_nothing_of_opentelemetry(
+    subprocess_env: dict[str, str],
+) -> None:
     code = (
         "import django, sys; django.setup()\n"
         "import django_inbox, django_inbox.processing.attempts, django_inbox.outbox.publisher\n"
@@ -195,11 +190,7 @@ def test_importing_the_package_imports_nothing_of_opentelemetry() -> None:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "testproject.settings",
-            "PYTHONPATH": f"{ROOT / 'testproject'}:{ROOT}",
-        },
+        env={**subprocess_env, "DJANGO_SETTINGS_MODULE": "testproject.settings"},
         timeout=60,
     )
     assert done.returncode == 0, done.stderr

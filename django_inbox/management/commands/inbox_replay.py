@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import sys
-import time
 from argparse import ArgumentTypeError
 from typing import Any
 
@@ -14,13 +12,10 @@ from ...services import (
     REPLAYABLE,
     command_actor,
     count_by_status,
-    group_pks,
     replay,
-    rerun_blocked,
-    rerun_failed,
-    rerun_left,
     select,
 )
+from ...services.groups import UnknownGroup, rows_of_groups
 from ..base import (
     INTERRUPTED,
     MISCONFIGURED,
@@ -29,11 +24,10 @@ from ..base import (
     require_known_consumers,
     text,
 )
-from ..prompt import ask
+from ..following import follow_rerun
+from ..prompt import ask, at_a_terminal
 
 SELECTABLE = (*REPLAYABLE, InboxMessage.Status.COMPLETED)
-#: Seconds between two progress lines of --wait.
-REPORT_EVERY = 2.0
 
 
 def replayable_status(value: str) -> str:
@@ -186,7 +180,15 @@ class Command(InboxCommand):
         statuses = options["statuses"] or list(REPLAYABLE)
         pks = options["pks"] or None
         if options["groups"]:
-            pks = _in_groups(options["groups"], statuses, pks)
+            try:
+                in_groups = rows_of_groups(options["groups"], statuses=statuses)
+            except UnknownGroup as exc:
+                raise CommandError(
+                    f"no failure group {exc}: inbox_stats --groups lists them (an id changes "
+                    "with the consumer, the exception or the masked message)",
+                    returncode=MISCONFIGURED,
+                ) from None
+            pks = in_groups if pks is None else sorted(set(in_groups) & set(pks))
         rows = select(
             pks=pks,
             message_ids=options["message_ids"] or None,
@@ -241,7 +243,7 @@ class Command(InboxCommand):
         if following:
             reruns = [pk for pk, _, _, was in result.rows if was in ("completed", "skipped")]
             try:
-                self._follow(consumers, reruns, verbosity)
+                follow_rerun(self.stdout, consumers, reruns, verbosity, since=self.started_at)
             except KeyboardInterrupt:  # Ctrl-C: the re-run is the workers', not this process's
                 raise CommandError(
                     "stopped following (interrupted); the re-run goes on in the workers: "
@@ -262,39 +264,6 @@ class Command(InboxCommand):
             verb = "would be" if dry_run else "are"
             self.stdout.write(f"  {consumer}: side effects of re-runs {verb} {what}")
 
-    def _follow(self, consumers: list[str], pks: list[int], verbosity: int) -> None:
-        """Wait until this re-run's rows (``pks``) have run; print progress."""
-        started = time.monotonic()
-        last_report = 0.0
-        first_done: int | None = None
-        total = len(pks)
-        while True:
-            looked = time.monotonic()
-            left = rerun_left(consumers, pks=pks)
-            # Rows waiting behind a dead or parked version don't move until an operator acts.
-            blocked = rerun_blocked(consumers, pks=pks) if left else 0
-            done = max(total - left, 0)
-            now = time.monotonic()
-            if first_done is None:  # what workers ran while the re-run was being set up
-                first_done = done
-            if verbosity >= 1 and (left == blocked or now - last_report >= REPORT_EVERY):
-                elapsed = now - started
-                rate = f"{(done - first_done) / elapsed:,.0f}/s" if elapsed >= 1 else "starting"
-                self.stdout.write(f"re-run {done:,} / {total:,} ({rate})")
-                last_report = now
-            if left == blocked:
-                break
-            # A large re-run takes longer to count: look at most half the time.
-            time.sleep(max(0.5, 2 * (time.monotonic() - looked)))
-        failed = rerun_failed(consumers, since=self.started_at, pks=pks)
-        if failed or blocked:
-            held = f"; {blocked:,} wait behind them" if blocked else ""
-            raise CommandError(
-                f"{failed:,} re-run row(s) ended dead or parked{held}: replay or skip them "
-                "(inbox_stats, the admin)",
-                returncode=1,
-            )
-
     def _confirmed(self, rows: Any, options: dict[str, Any], verbosity: int) -> bool:
         """Say how many rows are selected, by status; at a terminal, ask before going on."""
         counts = count_by_status(rows)
@@ -302,33 +271,10 @@ class Command(InboxCommand):
         if verbosity >= 1:
             by_status = ", ".join(f"{s} {n:,}" for s, n in sorted(counts.items()))
             self.stdout.write(f"Selected {total:,} row(s)" + (f" ({by_status})" if total else ""))
-        if not total or not options["interactive"] or not _at_a_terminal():
+        if not total or not options["interactive"] or not at_a_terminal():
             return True
         answer = ask("Replay them? [y/N] ")
         if answer is None:  # Ctrl-D: no answer is no
             self.stdout.write("")
             return False
         return answer.strip().lower() in ("y", "yes")
-
-
-def _in_groups(groups: list[str], statuses: list[str], pks: list[int] | None) -> list[int]:
-    """The rows of ``groups`` in ``statuses`` (and among ``pks``, if given); exit 2 for a group
-    that holds no dead, parked or failed row at all (a mistyped or an old id)."""
-    found: set[int] = set()
-    for group in groups:
-        members = group_pks(group, statuses=statuses)
-        if not members and not group_pks(group):
-            raise CommandError(
-                f"no failure group {group!r}: inbox_stats --groups lists them (an id changes "
-                "with the consumer, the exception or the masked message)",
-                returncode=MISCONFIGURED,
-            )
-        found.update(members)
-    return sorted(found & set(pks)) if pks is not None else sorted(found)
-
-
-def _at_a_terminal() -> bool:
-    try:
-        return sys.stdin.isatty()
-    except (AttributeError, ValueError, OSError):  # replaced or closed (tests, daemons)
-        return False
