@@ -35,6 +35,9 @@ INBOX_INDEXES = (
     "django_inbox_attention_id_idx",
     "django_inbox_in_progress_idx",
     "django_inbox_polled_idx",
+    "django_inbox_failed_idx",
+    "django_inbox_key_idx",
+    "django_inbox_source_idx",
     "django_inbox_identity_idx",
     "django_inbox_consumer_idx",
     f"{TABLE}_pkey",
@@ -42,11 +45,12 @@ INBOX_INDEXES = (
 
 # One statement, all in the server: row i (1 … n) belongs to consumer i % 5 and arrived
 # (n - i) * 30 days / n ago, so ids follow arrival as they do in a real inbox and the last
-# hour holds n / 720 rows. Statuses: the newest 1,500 rows are received and the 100 before
-# them in progress (their lease still running); every 499th row is dead (2,000 on 1M rows,
-# spread over the whole month), every 3,001st parked, and every 71st of the last 72,000
-# failed (waiting for their retry); everything else is completed. Payloads are about 200
-# bytes of order JSON; failed rows carry one history entry with a traceback.
+# hour holds n / 720 rows. Statuses: the newest `backlog` rows (1,500 by default) are received
+# and the 100 before them in progress (their lease still running); every 499th row is dead
+# (2,000 on 1M rows, spread over the whole month), every 3,001st parked, and every 71st of the
+# 72,000 before the backlog failed (waiting for their retry); everything else is completed.
+# Payloads are about 200 bytes of order JSON; failed rows carry one history entry with a
+# traceback.
 SEED_SQL = """
 INSERT INTO django_inbox_inboxmessage (
     consumer, message_id, source, event_type, key, payload, headers, status, attempts,
@@ -96,11 +100,11 @@ FROM (
         i * 7919 % 100000 AS customer,
         now() - ({n} - i) * (interval '30 days' / {n}) AS received_at,
         CASE
-            WHEN i > {n} - 1500 THEN 'received'
-            WHEN i > {n} - 1600 THEN 'in_progress'
+            WHEN i > {n} - {backlog} THEN 'received'
+            WHEN i > {n} - {backlog} - 100 THEN 'in_progress'
             WHEN i % 499 = 123 THEN 'dead'
             WHEN i % 3001 = 7 THEN 'parked'
-            WHEN i > {n} - 72000 AND i % 71 = 3 THEN 'failed'
+            WHEN i > {n} - {backlog} - 72000 AND i % 71 = 3 THEN 'failed'
             ELSE 'completed'
         END AS status
     FROM generate_series(1::bigint, {n}) AS i
@@ -108,12 +112,14 @@ FROM (
 """
 
 
-def seed_sql(rows: int) -> str:
-    """The ``INSERT … SELECT generate_series`` that adds ``rows`` rows (see :data:`SEED_SQL`)."""
-    if rows < 2000:
-        raise ValueError("seed at least 2,000 rows")
+def seed_sql(rows: int, backlog: int = 1500) -> str:
+    """The ``INSERT … SELECT generate_series`` that adds ``rows`` rows, the newest ``backlog``
+    of them still to process (see :data:`SEED_SQL`)."""
+    if rows < 2000 or not 0 < backlog <= rows - 500:
+        raise ValueError("seed at least 2,000 rows, and a backlog of 1 to rows - 500")
     return SEED_SQL.format(
         n=int(rows),
+        backlog=int(backlog),
         consumers="', '".join(CONSUMERS),
         n_consumers=len(CONSUMERS),
         event_types="', '".join(EVENT_TYPES),
@@ -121,15 +127,15 @@ def seed_sql(rows: int) -> str:
     )
 
 
-def seed(rows: int, *, vacuum: bool = True) -> float:
-    """Add ``rows`` rows to the inbox table of Django's default database, then ``VACUUM
-    (ANALYZE)`` it (``ANALYZE`` alone with ``vacuum=False``, e.g. inside a transaction).
-    Returns the seconds taken."""
+def seed(rows: int, *, backlog: int = 1500, vacuum: bool = True) -> float:
+    """Add ``rows`` rows to the inbox table of Django's default database (the newest
+    ``backlog`` received), then ``VACUUM (ANALYZE)`` it (``ANALYZE`` alone with
+    ``vacuum=False``, e.g. inside a transaction). Returns the seconds taken."""
     from django.db import connection
 
     began = time.perf_counter()
     with connection.cursor() as cursor:
-        cursor.execute(seed_sql(rows))
+        cursor.execute(seed_sql(rows, backlog))
         cursor.execute(f"{'VACUUM (ANALYZE)' if vacuum else 'ANALYZE'} {TABLE}")
     return time.perf_counter() - began
 
@@ -187,7 +193,7 @@ def pages(found: Targets) -> list[Page]:
             "consumer_failed",
             f"consumer = {found.consumer}, status = failed",
             url(consumer=found.consumer, status__exact="failed"),
-            needs_index=("django_inbox_polled_idx",),
+            needs_index=("django_inbox_failed_idx", "django_inbox_polled_idx"),
         ),
         Page(
             "consumer_dead",
@@ -202,6 +208,18 @@ def pages(found: Targets) -> list[Page]:
             "search: exact message id",
             url(q=found.message_id),
             needs_index=("django_inbox_identity_idx",),
+        ),
+        Page(
+            "search_key",
+            "search: key:customer-4242",
+            url(q="key:customer-4242"),
+            needs_index=("django_inbox_key_idx",),
+        ),
+        Page(
+            "search_source",
+            "search: a source no row has",
+            url(q="source:nobody"),
+            needs_index=("django_inbox_source_idx",),
         ),
         Page("page_50", "page 50, no filter", url(p=50)),
         Page(

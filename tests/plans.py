@@ -28,9 +28,10 @@ def explain(sql: str, *, analyze: bool = False) -> dict[str, Any]:
 
 
 def rows_read(node: dict[str, Any]) -> int:
-    """Rows the scans of an analyzed plan read (kept or filtered out), over all their loops."""
+    """Rows the scans of an analyzed plan read (kept or filtered out), over all their loops;
+    a subquery's scan reads no table, only its child's rows, which are counted there."""
     read = 0
-    if "Scan" in node["Node Type"]:
+    if "Scan" in node["Node Type"] and node["Node Type"] != "Subquery Scan":
         kept = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
         read = kept * node.get("Actual Loops", 1)
     return read + sum(rows_read(child) for child in node.get("Plans", []))

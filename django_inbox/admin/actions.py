@@ -26,7 +26,7 @@ from django.utils.text import Truncator
 from .. import services
 from ..conf import inbox_settings
 from ..models import InboxMessage
-from ..services import ActionResult, count_by_status
+from ..services import ActionResult, consumers_of, count_by_status, tally_by_status
 from ..text import storable
 from ..wording import counted
 
@@ -188,7 +188,8 @@ class ConfirmedActions(_Base):
                 self._audit(request, result, spec, reason)
                 self._report(request, result, spec)
                 return None
-        counts = count_by_status(selected)
+        # Read at most 10,001 rows: a "select all" of half a million is estimated, not counted.
+        counts, estimated = tally_by_status(selected)
         eligible = sum(n for status, n in counts.items() if status in spec.start)
         context = {
             **self.admin_site.each_context(request),
@@ -199,6 +200,7 @@ class ConfirmedActions(_Base):
             "counts": sorted(counts.items()),
             "eligible": eligible,
             "ineligible": sum(counts.values()) - eligible,
+            "estimated": estimated,
             "from_statuses": ", ".join(str(s) for s in spec.start),
             "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "select_across": request.POST.get("select_across", "0"),
@@ -279,14 +281,14 @@ class ActionsMixin(ConfirmedActions):
 def _side_effects(rows: QuerySet[InboxMessage]) -> list[tuple[str, bool, bool]]:
     """Per consumer of ``rows``: whether its re-runs suppress side effects, and whether it is
     ordered (what the force re-run confirmation tells the operator)."""
-    consumers = rows.order_by().values_list("consumer", flat=True).distinct()
+    consumers = consumers_of(rows)
     return [
         (
             consumer,
             inbox_settings.policy(consumer).suppresses_side_effects,
             inbox_settings.ordered(consumer),
         )
-        for consumer in sorted(set(consumers))
+        for consumer in consumers
     ]
 
 

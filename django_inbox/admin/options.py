@@ -8,10 +8,12 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
+from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
@@ -58,10 +60,7 @@ class InboxMessageAdmin(ActionsMixin, KeyViewMixin, GroupsViewMixin, _ModelAdmin
     list_display_links = ("message_id",)
     list_filter = ("status", ConsumerFilter, EventTypeFilter, ReceivedFilter, GroupFilter)
     search_fields = ("message_id",)  # searched by get_search_results, through the indexes
-    search_help_text = (
-        "Exact message id; or key:VALUE, source:VALUE, pk:NUMBER. Key and source searches "
-        "read the whole table."
-    )
+    search_help_text = "Exact message id; or key:VALUE, source:VALUE, pk:NUMBER."
     ordering = ("-pk",)
     sortable_by = ()
     list_per_page = 50
@@ -97,6 +96,17 @@ class InboxMessageAdmin(ActionsMixin, KeyViewMixin, GroupsViewMixin, _ModelAdmin
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return InboxChangeList
+
+    @admin.display(description=mark_safe('<input type="checkbox" id="action-toggle">'))
+    def action_checkbox(self, obj: InboxMessage) -> SafeString:
+        """The row's checkbox, as Django's own, written out: a form widget rendered through the
+        template engine for each of 50 rows took a quarter of the page's time."""
+        return format_html(
+            '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
+            helpers.ACTION_CHECKBOX_NAME,
+            obj.pk,
+            f"Select this object for an action - {obj}",
+        )
 
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: InboxMessage) -> SafeString:
@@ -153,7 +163,9 @@ class InboxMessageAdmin(ActionsMixin, KeyViewMixin, GroupsViewMixin, _ModelAdmin
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         refuse_unstorable_query(request)
-        extra_context = {**(extra_context or {}), "inbox_summary": summary()}
+        extra_context = dict(extra_context or {})
+        if request.method == "GET":  # an action's POST shows its confirmation, not the list
+            extra_context["inbox_summary"] = summary()
         token = _changelist_request.set(request)
         try:
             return super().changelist_view(request, extra_context)

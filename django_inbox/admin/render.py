@@ -11,6 +11,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from ..db.counting import EXACT_UP_TO
 from ..models import InboxMessage
 from ..services import PROBLEM_KINDS, STATUSES, collect, shown_json
 from ..wording import counted
@@ -189,8 +190,7 @@ def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
 
 
 #: The summary estimates completed rows instead of counting them (a scan of the table) above
-#: this many rows: a page view must not read the table (``inbox_stats`` counts up to
-#: :data:`django_inbox.services.stats.ESTIMATE_ABOVE`).
+#: this many rows: a page view must not read the table.
 SUMMARY_ESTIMATE_ABOVE = 100_000
 
 
@@ -207,6 +207,7 @@ def summary() -> dict[str, Any]:
                 {
                     "status": status,
                     "count": count,
+                    "estimated": status in consumer.estimated,
                     "url": f"{base}?{urlencode({'consumer': name, 'status__exact': status})}",
                 }
             )
@@ -225,6 +226,8 @@ def summary() -> dict[str, Any]:
         "problems": stats.problems,
         "problem_kinds": PROBLEM_KINDS,
         "completed_estimated": stats.completed_estimated,
+        "estimated": any(consumer.estimated for consumer in stats.consumers.values()),
+        "exact_up_to": EXACT_UP_TO,
         "max_pending_age": stats.max_pending_age,
         "at": stats.at,
     }

@@ -3,7 +3,8 @@ lag, and, when pending rows wait too long, why: nothing claims them (is a relay 
 relays claim them and every attempt fails (the broker returns or refuses them), or relays send
 and are behind.
 
-Each query reads an index: pending and dead rows are counted over their partial indexes, the
+Each query reads an index: pending and dead rows are counted over their partial indexes (up to
+10,000 each, estimated beyond), the
 last ``sent_at`` is the end of the sent rows' index, and the rows due first the start of the
 pending rows' index (the claim's own order), never the whole backlog.
 """
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from django.db.models import Count, Max, Min
+from django.db.models import Max, Min
 
 from .. import clock
 from ..conf import inbox_settings
-from ..db import statements
+from ..db import counting, statements
 from ..wording import counted
 from .models import OutboxMessage
 
@@ -45,6 +47,10 @@ class OutboxStats:
     oldest_pending_age: float = 0.0
     #: Whether ``sent`` is PostgreSQL's estimate (a large table) rather than a count.
     sent_estimated: bool = False
+    #: Whether ``pending`` and ``dead`` are estimates (more rows than
+    #: :data:`~django_inbox.db.counting.EXACT_UP_TO`).
+    pending_estimated: bool = False
+    dead_estimated: bool = False
     counts: dict[str, int] = field(default_factory=dict)
     #: Seconds since a row was last sent (``None``: no sent row is kept).
     last_sent_age: float | None = None
@@ -66,10 +72,24 @@ def collect(now: datetime | None = None) -> OutboxStats:
     now = now or clock.now()
     using = inbox_settings.database
     rows = OutboxMessage.objects.using(using).order_by()
-    pending = rows.filter(status=Status.PENDING).aggregate(n=Count("pk"), oldest=Min("created_at"))
-    stats = OutboxStats(pending=pending["n"], dead=rows.filter(status=Status.DEAD).count())
-    if pending["oldest"] is not None:
-        stats.oldest_pending_age = max((now - pending["oldest"]).total_seconds(), 0.0)
+    # At most EXACT_UP_TO + 1 pending rows are read, in due order (a relay down for an hour
+    # leaves a backlog that a count would read whole); beyond that the count is estimated and
+    # the oldest is that of the rows due first (written first, unless retried).
+    found = counting.sample(
+        rows.filter(status=Status.PENDING),
+        (),
+        {"oldest": ("min", "created_at")},
+        order_by=("next_attempt_at", "id"),
+    )
+    head: dict[str, Any] = found.groups[0] if found.groups else {"n": 0, "oldest": None}
+    stats = OutboxStats(pending=int(head["n"]))
+    if not found.complete:
+        guess = counting.estimate(rows.filter(status=Status.PENDING)) or 0
+        stats.pending, stats.pending_estimated = max(guess, stats.pending), True
+    stats.dead, stats.dead_estimated = counting.bounded_count(rows.filter(status=Status.DEAD))
+    oldest: datetime | None = head["oldest"]
+    if oldest is not None:
+        stats.oldest_pending_age = max((now - oldest).total_seconds(), 0.0)
     # The planner's estimate, scaled to the table's size (reltuples stays at the last ANALYZE).
     estimate = statements.estimated_rows(using, OutboxMessage._meta.db_table)
     if estimate > ESTIMATE_ABOVE:

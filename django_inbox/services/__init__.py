@@ -37,7 +37,15 @@ from .process import (
 from .purge import PURGEABLE, PurgeProgress, PurgeResult, expired, purge
 from .reclaim import ReclaimResult, reclaim, reclaimable
 from .rerun import rerun_blocked, rerun_failed, rerun_left
-from .selection import by_message_id, command_actor, count_by_status, find, select
+from .selection import (
+    by_message_id,
+    command_actor,
+    consumers_of,
+    count_by_status,
+    find,
+    select,
+    tally_by_status,
+)
 from .showing import Shown, shown_json
 from .skipping import skip
 from .stats import (
@@ -79,6 +87,7 @@ __all__ = [
     "by_message_id",
     "collect",
     "command_actor",
+    "consumers_of",
     "count_by_status",
     "expired",
     "failure_groups",
@@ -99,4 +108,5 @@ __all__ = [
     "select",
     "shown_json",
     "skip",
+    "tally_by_status",
 ]

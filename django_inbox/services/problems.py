@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Count, Exists, OuterRef, Q
 
 from .. import companions
+from ..conf import inbox_settings
 from ..models import InboxKey, InboxMessage
 from ..ordered.gaps import GAP_PREFIX
 
@@ -105,7 +106,27 @@ def held_up(rows: Any, found: dict[str, ConsumerStats], overdue: datetime, of: A
     version above its key's applied sequence that is parked for a gap, or has the next version
     waiting right behind it; and waiting rows no sweep looked at. Each dead or parked version
     costs two probes of indexes (the key's row, the next version), found through the
-    attention rows' index."""
+    attention rows' index. Neither is asked for when no ordered consumer has dead or parked
+    rows, or no consumer has waiting rows."""
+    ordered_with_problems = any(
+        inbox_settings.ordered(name) and (stats.counts[Status.DEAD] or stats.counts[Status.PARKED])
+        for name, stats in found.items()
+    )
+    waiting = any(stats.counts[Status.WAITING] for stats in found.values())
+    if ordered_with_problems:
+        _held(rows, of)
+    if waiting:
+        late = (
+            rows.filter(status=Status.WAITING, next_attempt_at__lt=overdue)
+            .values("consumer")
+            .annotate(n=Count("id"))
+        )
+        for late_row in late:
+            of(late_row["consumer"]).overdue_waiting = late_row["n"]
+
+
+def _held(rows: Any, of: Any) -> None:
+    """Keys held by a dead or parked version of an ordered consumer (see :func:`held_up`)."""
     from .rerun import ordered_consumers
 
     next_waiting = InboxMessage.objects.filter(
@@ -130,10 +151,3 @@ def held_up(rows: Any, found: dict[str, ConsumerStats], overdue: datetime, of: A
     )
     for found_row in held:
         of(found_row["consumer"]).stalled_keys = found_row["keys"]
-    late = (
-        rows.filter(status=Status.WAITING, next_attempt_at__lt=overdue)
-        .values("consumer")
-        .annotate(n=Count("id"))
-    )
-    for late_row in late:
-        of(late_row["consumer"]).overdue_waiting = late_row["n"]

@@ -11,7 +11,9 @@ from django.db import connections
 from django.db.models import Count, QuerySet
 
 from ..conf import inbox_settings
+from ..db import counting
 from ..db.aside import with_status
+from ..db.counting import estimate, sample
 from ..db.identity import identified
 from ..models import InboxMessage
 from .stats import known_consumers
@@ -111,3 +113,30 @@ def count_by_status(rows: QuerySet[InboxMessage]) -> dict[str, int]:
     return {
         row["status"]: row["n"] for row in rows.order_by().values("status").annotate(n=Count("pk"))
     }
+
+
+def tally_by_status(
+    rows: QuerySet[InboxMessage], *, limit: int | None = None
+) -> tuple[dict[str, int], bool]:
+    """``count_by_status`` that reads at most ``limit`` + 1 rows: ``(counts, estimated)``.
+    Over the limit, each status met is the planner's estimate (never less than was read):
+    what a confirmation of "select all" shows without counting half a million rows."""
+    found = sample(rows, ("status",), limit=counting.EXACT_UP_TO if limit is None else limit)
+    counts = {group["status"]: int(group["n"]) for group in found.groups}
+    if found.complete:
+        return counts, False
+    for status, read in list(counts.items()):
+        guess = estimate(rows.filter(status=status))
+        if guess is None:  # no planner estimate (SQLite): count
+            return count_by_status(rows), False
+        counts[status] = max(guess, read)
+    return counts, True
+
+
+def consumers_of(rows: QuerySet[InboxMessage], *, limit: int | None = None) -> list[str]:
+    """The consumers ``rows`` belong to, from at most ``limit`` + 1 rows; over that, every
+    consumer known (a selection that large may hold any of them)."""
+    found = sample(rows, ("consumer",), limit=counting.EXACT_UP_TO if limit is None else limit)
+    if found.complete:
+        return sorted(group["consumer"] for group in found.groups)
+    return known_consumers()

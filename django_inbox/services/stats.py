@@ -1,9 +1,11 @@
-"""``collect()`` behind ``inbox_stats``: counts per consumer and status, and what looks wrong.
+"""``collect()`` behind ``inbox_stats``, the health view, the metrics and the admin's summary:
+counts per consumer and status, and what looks wrong.
 
-Three queries, each served by an index on PostgreSQL: one over the rows still to process
-(the polled partial index), one over ``dead`` and ``parked`` rows (the attention partial
-index), and one for ``completed`` rows, which on a large table is read from PostgreSQL's
-estimate of the table size instead of counted (``exact=True`` counts).
+Every read is bounded, so that the answer stays fast in an incident, when the table holds
+millions of rows and the backlog hundreds of thousands: the rows to process, the dead and
+parked rows and the waiting rows are counted through their partial indexes up to a limit and
+estimated beyond it (:mod:`~django_inbox.services.tallies`), and ``completed`` rows, on a large
+table, are read from the database's estimate of the table size (``exact=True`` counts all).
 """
 
 from __future__ import annotations
@@ -12,24 +14,25 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count
 
 from .. import clock, companions
 from ..conf import inbox_settings
 from ..db import statements
+from ..db.counting import EXACT_UP_TO, estimate
 from ..models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
-from ..ordered.gaps import GAP_PREFIX
 from ..registry import registry
 from .problems import PROBLEM_KINDS as PROBLEM_KINDS
 from .problems import Problem as Problem
 from .problems import consumer_problems, held_up, outbox_problems
+from .tallies import tally
 
 Status = InboxMessage.Status
 STATUSES = [str(status) for status in Status]
 
-#: Above this many rows (PostgreSQL's estimate), completed rows are estimated, not counted
-#: (``collect(estimate_above=…)`` overrides it; the admin's summary uses a lower threshold).
-ESTIMATE_ABOVE = 1_000_000
+#: Above this many rows (the database's estimate), completed rows are estimated, not counted
+#: (``collect(estimate_above=…)`` overrides it).
+ESTIMATE_ABOVE = 100_000
 
 
 @dataclass
@@ -54,6 +57,9 @@ class ConsumerStats:
     #: Ordered consumers: ``waiting`` rows whose gap deadline passed longer than
     #: ``max_pending_age`` ago (no worker sweeps them).
     overdue_waiting: int = 0
+    #: Statuses whose count is the database's estimate: more than
+    #: :data:`~django_inbox.db.counting.EXACT_UP_TO` rows, not counted one by one.
+    estimated: set[str] = field(default_factory=set)
 
     @property
     def pending(self) -> int:
@@ -108,6 +114,11 @@ class InboxStats:
                     ),
                     "unclaimed_for": round(self.outbox.unclaimed_for, 3),
                     "last_failure": self.outbox.last_failure,
+                    "estimated": [
+                        name
+                        for name in ("pending", "sent", "dead")
+                        if getattr(self.outbox, f"{name}_estimated")
+                    ],
                 }
             ),
             "consumers": {
@@ -123,6 +134,7 @@ class InboxStats:
                     ),
                     "oldest_waiting_age": round(consumer.oldest_waiting_age, 3),
                     "parked_gaps": consumer.parked_gaps,
+                    "estimated": sorted(consumer.estimated),
                 }
                 for name, consumer in sorted(self.consumers.items())
             },
@@ -145,9 +157,16 @@ def collect(
 
     ``completed`` rows are counted (a scan of the table) unless the database (PostgreSQL,
     MariaDB or MySQL) estimates the table above ``estimate_above`` rows (default
-    :data:`ESTIMATE_ABOVE`) and neither ``exact`` nor ``consumer`` is given: then their total
-    is the estimate less the counted rows of the other statuses, and per-consumer
-    ``completed`` counts are ``None``.
+    :data:`ESTIMATE_ABOVE`) and ``exact`` is not given: then their total is the estimate less
+    the counted rows of the other statuses (with ``consumer``, the planner's estimate of its
+    completed rows), and per-consumer ``completed`` and ``skipped`` counts are ``None``.
+
+    The other statuses are counted exactly up to
+    :data:`~django_inbox.db.counting.EXACT_UP_TO` rows of each family (rows to process, dead
+    and parked, waiting), and beyond that, per consumer, up to
+    :data:`~django_inbox.db.counting.EXACT_PER_CONSUMER`; larger counts are the planner's
+    estimates, named in ``ConsumerStats.estimated`` (:mod:`~django_inbox.services.tallies`).
+    ``exact=True`` counts every row.
     """
     using = inbox_settings.database
     now = clock.now()
@@ -161,64 +180,29 @@ def collect(
 
     for name in registry.consumers() if consumer is None else [consumer]:
         of(name)
-    polled = (
-        rows.filter(status__in=POLLED_STATUSES)
-        .values("consumer", "status")
-        .annotate(
-            n=Count("id"),
-            first_due=Min("next_attempt_at"),
-            first_received=Min("received_at"),
-            stuck=Count("id", filter=Q(next_attempt_at__lt=now)),
-        )
+    tally(
+        rows,
+        now,
+        None if exact else EXACT_UP_TO,
+        lambda: known_consumers() if consumer is None else [consumer],
+        of,
     )
-    for row in polled:
-        stats = of(row["consumer"])
-        stats.counts[row["status"]] = row["n"]
-        first = row["first_received"]
-        if first and (
-            stats.oldest_pending_received_at is None or first < stats.oldest_pending_received_at
-        ):
-            stats.oldest_pending_received_at = first
-        if row["status"] == Status.IN_PROGRESS:
-            stats.stuck = row["stuck"]
-        elif row["first_due"] is not None and row["first_due"] <= now:
-            age = (now - row["first_due"]).total_seconds()
-            stats.oldest_pending_age = max(stats.oldest_pending_age, age)
-    attention = (
-        rows.filter(status__in=ATTENTION_STATUSES)
-        .values("consumer", "status")
-        .annotate(n=Count("id"), gaps=Count("id", filter=Q(last_error__startswith=GAP_PREFIX)))
-    )
-    for found_row in attention:
-        stats = of(found_row["consumer"])
-        stats.counts[found_row["status"]] = found_row["n"]
-        if found_row["status"] == Status.PARKED:
-            stats.parked_gaps = found_row["gaps"]
-    # Ordered consumers' waiting rows: their own partial index (one IN list over the attention
-    # and waiting statuses could not use both partial indexes).
-    waiting = (
-        rows.filter(status=Status.WAITING)
-        .values("consumer")
-        .annotate(n=Count("id"), since=Min("received_at"))
-    )
-    for waiting_row in waiting:
-        stats = of(waiting_row["consumer"])
-        stats.counts[Status.WAITING] = waiting_row["n"]
-        if waiting_row["since"] is not None:
-            stats.oldest_waiting_age = max(0.0, (now - waiting_row["since"]).total_seconds())
 
     held_up(rows, found, now - timedelta(seconds=max_pending_age), of)
 
-    table_rows = 0 if exact or consumer is not None else estimated_rows(using)
+    table_rows = 0 if exact else estimated_rows(using)
     threshold = ESTIMATE_ABOVE if estimate_above is None else estimate_above
     estimated = table_rows > threshold
     if estimated:
-        others = sum(
-            s.pending
-            + sum(s.counts[status] or 0 for status in (*ATTENTION_STATUSES, Status.WAITING))
-            for s in found.values()
-        )
-        completed_total = max(table_rows - others, 0)
+        if consumer is None:
+            others = sum(
+                s.pending
+                + sum(s.counts[status] or 0 for status in (*ATTENTION_STATUSES, Status.WAITING))
+                for s in found.values()
+            )
+            completed_total = max(table_rows - others, 0)
+        else:  # the planner's estimate of this consumer's completed rows
+            completed_total = estimate(rows.filter(status=Status.COMPLETED)) or 0
         for stats in found.values():
             stats.counts[Status.COMPLETED] = None
             stats.counts[Status.SKIPPED] = None  # counted with completed in the estimate

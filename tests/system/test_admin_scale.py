@@ -96,6 +96,8 @@ def test_changelist_summary_and_detail_stay_indexed_on_a_million_rows(
         "event_type",
         "received_1h",
         "search",
+        "search_key",
+        "search_source",
         "page_50",
         "detail",
     ]

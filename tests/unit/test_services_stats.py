@@ -250,8 +250,12 @@ def test_completed_rows_are_estimated_above_the_threshold(
     assert exact.completed_estimated is False
     assert exact.consumers["effects"].counts[Status.COMPLETED] == 40
     assert exact.consumers["stream"].counts[Status.COMPLETED] == 10
-    # A consumer filter counts that consumer's completed rows (the estimate is table-wide).
-    assert collect(consumer="stream").consumers["stream"].counts[Status.COMPLETED] == 10
+    # One consumer of a large table: the planner's estimate of its completed rows.
+    stream = collect(consumer="stream")
+    assert stream.completed_estimated is True
+    assert stream.consumers["stream"].counts[Status.COMPLETED] is None
+    assert stream.completed_total == 10  # freshly analysed: the estimate is exact
+    assert collect(consumer="stream", exact=True).consumers["stream"].counts["completed"] == 10
 
     from django_inbox.management.commands.inbox_stats import render
 

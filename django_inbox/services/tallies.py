@@ -1,0 +1,238 @@
+"""The counts behind :func:`~django_inbox.services.stats.collect`, bounded on large tables.
+
+Three families of rows, each with a partial index of its own on PostgreSQL: those still to
+process (``received``, ``failed``, ``in_progress``), those that need an operator (``dead``,
+``parked``) and ordered consumers' ``waiting`` rows. Each family is first read through a
+bounded sample of at most :data:`~django_inbox.db.counting.EXACT_UP_TO` + 1 rows: when fewer
+rows exist, that one query gives every exact number, as in a healthy inbox. Otherwise each
+consumer is read on its own, up to :data:`~django_inbox.db.counting.EXACT_PER_CONSUMER` + 1
+rows, and a consumer with more gets the planner's estimates (never less than what was read),
+marked in ``ConsumerStats.estimated``. In a large backlog, ``in_progress`` and ``failed`` rows
+are read through their own indexes (few, and exact), and ``received`` ones are the rest of a
+consumer's polled rows. Ages stay exact: a consumer's rows are read in due order, so the
+oldest due row is among those read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+from django.db.models import QuerySet
+
+from ..db.counting import (
+    EXACT_PER_CONSUMER,
+    Sample,
+    bounded_count,
+    bounded_counts,
+    estimate,
+    estimates,
+    firsts,
+    sample,
+)
+from ..models import ATTENTION_STATUSES, POLLED_STATUSES, InboxMessage
+from ..ordered.gaps import GAP_PREFIX
+
+if TYPE_CHECKING:
+    from .stats import ConsumerStats
+
+Status = InboxMessage.Status
+Rows = QuerySet[InboxMessage]
+Of = Callable[[str], "ConsumerStats"]
+#: The consumers to sample one by one, asked only when a family is over the limit.
+Names = Callable[[], Iterable[str]]
+
+
+def tally(rows: Rows, now: datetime, limit: int | None, consumers: Names, of: Of) -> None:
+    """Fill each consumer's counts, ages, stuck rows and parked gaps (``of(name)`` gives a
+    consumer's stats); ``limit=None`` counts every row. ``consumers()`` names the consumers
+    to sample one by one when a family has more rows than the limit."""
+    _polled(rows, now, limit, consumers, of)
+    _attention(rows, limit, consumers, of)
+    _waiting(rows, now, limit, consumers, of)
+
+
+def _quote(rows: Rows, name: str) -> str:
+    return f"s.{connections[rows.db].ops.quote_name(name)}"
+
+
+def _at(rows: Rows, when: datetime) -> Any:
+    return connections[rows.db].ops.adapt_datetimefield_value(when)
+
+
+def _families(
+    rows: Rows,
+    statuses: Sequence[str],
+    limit: int | None,
+    consumers: Names,
+    read: Callable[..., Sample],
+    fill: Callable[[dict[str, Any]], None],
+    *,
+    due_order: str,
+) -> list[str]:
+    """Sample ``statuses`` of every consumer at once; if that sample is not complete, sample
+    each consumer (in ``due_order``, if its ages are read) and estimate the statuses of those
+    still over the limit.
+    Returns the consumers whose counts are estimated."""
+    # Unordered: the whole sample is used only when complete, and MySQL would sort every row
+    # of several statuses to read them in an index's order.
+    whole = read(rows.filter(status__in=statuses), ())
+    if whole.complete:
+        for group in whole.groups:
+            fill(group)
+        return []
+    over = []
+    names = list(dict.fromkeys([*consumers(), *(g["consumer"] for g in whole.groups)]))
+    for name in names:
+        mine = rows.filter(consumer=name, status__in=statuses)
+        found = read(mine, (due_order,) if due_order else (), EXACT_PER_CONSUMER)
+        for group in found.groups:
+            fill(group)
+        if not found.complete:
+            over.append(name)
+    return over
+
+
+def _estimate(rows: Rows, name: str, statuses: Sequence[str], of: Of) -> None:
+    """Replace the sampled counts of ``name``'s ``statuses`` (what its sample read) by the
+    planner's estimates, never lower."""
+    stats = of(name)
+    for status in statuses:
+        guess = estimate(rows.filter(consumer=name, status=status))
+        read = stats.counts[status] or 0
+        if guess is None:  # no planner: count (SQLite)
+            stats.counts[status] = rows.filter(consumer=name, status=status).count()
+            continue
+        stats.counts[status] = max(guess, read)
+        stats.estimated.add(status)
+
+
+def _polled(rows: Rows, now: datetime, limit: int | None, consumers: Names, of: Of) -> None:
+    stuck = f"{_quote(rows, 'status')} = %s AND {_quote(rows, 'next_attempt_at')} < %s"
+
+    def read(selected: Rows, order: Sequence[str], most: int | None = limit) -> Sample:
+        return sample(
+            selected,
+            ("consumer", "status"),
+            {
+                "first_due": ("min", "next_attempt_at"),
+                "first_received": ("min", "received_at"),
+                "stuck": ("sum_if", stuck),
+            },
+            limit=None if limit is None else most,
+            order_by=order,
+            columns=("next_attempt_at",),
+            params=[Status.IN_PROGRESS, _at(rows, now)],
+        )
+
+    def fill(group: dict[str, Any]) -> None:
+        stats = of(group["consumer"])
+        stats.counts[group["status"]] = int(group["n"])
+        first = group["first_received"]
+        if first and (
+            stats.oldest_pending_received_at is None or first < stats.oldest_pending_received_at
+        ):
+            stats.oldest_pending_received_at = first
+        if group["status"] == Status.IN_PROGRESS:
+            stats.stuck = int(group["stuck"])
+        elif group["first_due"] is not None and group["first_due"] <= now:
+            age = (now - group["first_due"]).total_seconds()
+            stats.oldest_pending_age = max(stats.oldest_pending_age, age)
+
+    polled = rows.filter(status__in=POLLED_STATUSES)
+    if limit is None or bounded_count(polled, limit=limit, guess=False)[0] <= limit:
+        for group in read(polled, ()).groups:
+            fill(group)
+        return
+    # A large backlog. In-progress rows (by lease) and failed rows (by due time) have their
+    # own indexes, and are few: sampled apart. Received rows are the rest of a consumer's
+    # polled rows, counted through the polled index alone (up to the limit).
+    for status in (Status.IN_PROGRESS, Status.FAILED):
+        over = _families(rows, (status,), limit, consumers, read, fill, due_order="next_attempt_at")
+        for name in over:
+            _estimate(rows, name, (status,), of)
+    _received(
+        rows, list(consumers()), now, min(limit, EXACT_PER_CONSUMER), of
+    )  # those with rows included
+
+
+def _received(rows: Rows, names: list[str], now: datetime, limit: int, of: Of) -> None:
+    """Consumers' received rows in a large backlog: each one's polled rows counted up to the
+    limit less its in-progress and failed ones (known), or estimated; its oldest due by one
+    probe of the polled index (exact: the received row with the earliest due time). Two round
+    trips for all consumers, and an estimate for each consumer over the limit."""
+    polled = bounded_counts(rows.filter(status__in=POLLED_STATUSES), names, limit=limit)
+    received = rows.filter(status=Status.RECEIVED)
+    first = firsts(received, names, ("next_attempt_at", "received_at"), ("next_attempt_at",))
+    over = [name for name in names if polled[name] > limit]
+    guesses = estimates(received, over)
+    for name in names:
+        stats = of(name)
+        others = (stats.counts[Status.IN_PROGRESS] or 0) + (stats.counts[Status.FAILED] or 0)
+        if polled[name] <= limit:
+            stats.counts[Status.RECEIVED] = max(polled[name] - others, 0)
+        elif guesses[name] is None:  # no planner estimate (SQLite): count
+            stats.counts[Status.RECEIVED] = received.filter(consumer=name).count()
+        else:
+            stats.counts[Status.RECEIVED] = max(guesses[name] or 0, polled[name] - others)
+            stats.estimated.add(Status.RECEIVED)
+        if name not in first:
+            continue
+        due, arrived = first[name]
+        if arrived and (
+            stats.oldest_pending_received_at is None or arrived < stats.oldest_pending_received_at
+        ):
+            stats.oldest_pending_received_at = arrived
+        if due is not None and due <= now:
+            stats.oldest_pending_age = max(stats.oldest_pending_age, (now - due).total_seconds())
+
+
+def _attention(rows: Rows, limit: int | None, consumers: Names, of: Of) -> None:
+    gap = f"{_quote(rows, 'last_error')} LIKE %s"
+
+    def read(selected: Rows, order: Sequence[str], most: int | None = limit) -> Sample:
+        return sample(
+            selected,
+            ("consumer", "status"),
+            {"gaps": ("sum_if", gap)},
+            limit=None if limit is None else most,
+            order_by=order,
+            columns=("last_error",),
+            params=[f"{GAP_PREFIX}%"],
+        )
+
+    def fill(group: dict[str, Any]) -> None:
+        stats = of(group["consumer"])
+        stats.counts[group["status"]] = int(group["n"])
+        if group["status"] == Status.PARKED:
+            stats.parked_gaps = int(group["gaps"])
+
+    over = _families(rows, ATTENTION_STATUSES, limit, consumers, read, fill, due_order="")
+    for name in over:
+        _estimate(rows, name, ATTENTION_STATUSES, of)
+
+
+def _waiting(rows: Rows, now: datetime, limit: int | None, consumers: Names, of: Of) -> None:
+    def read(selected: Rows, order: Sequence[str], most: int | None = limit) -> Sample:
+        return sample(
+            selected,
+            ("consumer", "status"),
+            {"since": ("min", "received_at")},
+            limit=None if limit is None else most,
+            order_by=order,
+        )
+
+    def fill(group: dict[str, Any]) -> None:
+        stats = of(group["consumer"])
+        stats.counts[Status.WAITING] = int(group["n"])
+        if group["since"] is not None:
+            age = max(0.0, (now - group["since"]).total_seconds())
+            stats.oldest_waiting_age = max(stats.oldest_waiting_age, age)
+
+    over = _families(
+        rows, (Status.WAITING,), limit, consumers, read, fill, due_order="next_attempt_at"
+    )
+    for name in over:
+        _estimate(rows, name, (Status.WAITING,), of)
