@@ -19,16 +19,17 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.text import Truncator
 
 from .. import services
-from ..conf import inbox_settings
 from ..models import InboxMessage
-from ..services import ActionResult, consumers_of, count_by_status, tally_by_status
+from ..services import ActionResult, count_by_status, tally_by_status
 from ..text import storable
 from ..wording import counted
+from .selected import SAMPLE, actor_of, return_to, side_effects
 
 Status = InboxMessage.Status
 PERMISSION_PREFIX = "django_inbox."
@@ -154,11 +155,14 @@ class ConfirmedActions(_Base):
     ``action_specs``, made into actions by :func:`confirmed_action`."""
 
     action_specs: dict[str, Action] = {}
+    #: What names a selected row on the confirmation page.
+    sample_fields: tuple[str, ...] = ("message_id",)
 
     def _confirm_and_run(
         self, request: HttpRequest, selected: QuerySet[Any], name: str
-    ) -> TemplateResponse | None:
+    ) -> HttpResponse | None:
         spec = self.action_specs[name]
+        back_to = return_to(request, selected)
         queryset, refused_elsewhere = selected, None
         if spec.only_from:
             queryset = selected.filter(status__in=spec.start)
@@ -187,9 +191,23 @@ class ConfirmedActions(_Base):
                     result.refused[f"{status} (not completed)"] += count
                 self._audit(request, result, spec, reason)
                 self._report(request, result, spec)
+                if back_to is not None:  # from the message's page: back to it
+                    opts = self.model._meta
+                    page = f"admin:{opts.app_label}_{opts.model_name}_change"
+                    return HttpResponseRedirect(reverse(page, args=[back_to]))
                 return None
         # Read at most 10,001 rows: a "select all" of half a million is estimated, not counted.
         counts, estimated = tally_by_status(selected)
+        sample = [
+            {
+                "pk": row["pk"],
+                "status": row["status"],
+                "label": " · ".join(str(row[f]) for f in self.sample_fields),
+            }
+            for row in selected.order_by("-pk").values("pk", "status", *self.sample_fields)[
+                : SAMPLE + 1
+            ]
+        ]
         eligible = sum(n for status, n in counts.items() if status in spec.start)
         context = {
             **self.admin_site.each_context(request),
@@ -201,13 +219,17 @@ class ConfirmedActions(_Base):
             "eligible": eligible,
             "ineligible": sum(counts.values()) - eligible,
             "estimated": estimated,
+            "total": sum(counts.values()),
+            "sample": sample[:SAMPLE],
+            "sample_more": len(sample) > SAMPLE,
+            "return_to": back_to,
             "from_statuses": ", ".join(str(s) for s in spec.start),
             "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "select_across": request.POST.get("select_across", "0"),
             "reason": reason,
             "error": error,
             "media": self.media,
-            "side_effects": _side_effects(queryset) if name == "force_rerun_messages" else [],
+            "side_effects": side_effects(queryset) if name == "force_rerun_messages" else [],
         }
         return TemplateResponse(
             request, "admin/django_inbox/inboxmessage/action_confirmation.html", context
@@ -253,6 +275,7 @@ class ActionsMixin(ConfirmedActions):
 
     actions = list(ACTIONS)
     action_specs = ACTIONS
+    sample_fields = ("consumer", "message_id")
     replay_messages = confirmed_action(ACTIONS, "replay_messages")
     force_rerun_messages = confirmed_action(ACTIONS, "force_rerun_messages")
     park_messages = confirmed_action(ACTIONS, "park_messages")
@@ -276,22 +299,3 @@ class ActionsMixin(ConfirmedActions):
 
     def has_skip_permission(self, request: HttpRequest) -> bool:
         return self._has(request, "skip_inboxmessage")
-
-
-def _side_effects(rows: QuerySet[InboxMessage]) -> list[tuple[str, bool, bool]]:
-    """Per consumer of ``rows``: whether its re-runs suppress side effects, and whether it is
-    ordered (what the force re-run confirmation tells the operator)."""
-    consumers = consumers_of(rows)
-    return [
-        (
-            consumer,
-            inbox_settings.policy(consumer).suppresses_side_effects,
-            inbox_settings.ordered(consumer),
-        )
-        for consumer in consumers
-    ]
-
-
-def actor_of(request: HttpRequest) -> str:
-    user = request.user
-    return f"{user.get_username()} (admin user {user.pk})"

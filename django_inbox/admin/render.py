@@ -6,15 +6,13 @@ from datetime import datetime
 from typing import Any
 
 from django.urls import reverse
-from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
-from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from ..db.counting import EXACT_UP_TO
 from ..models import InboxMessage
-from ..services import PROBLEM_KINDS, STATUSES, collect, shown_json
+from ..services import shown_json
 from ..wording import counted
+from .columns import when_text
 
 #: Symbol shown before each status, so the status reads without colour too.
 STATUS_SYMBOLS = {
@@ -53,13 +51,7 @@ def pretty_json(value: Any) -> SafeString:
 
 
 def _when(value: str | datetime | None) -> str:
-    if value is None:
-        return ""
-    try:
-        moment = parse_datetime(value) if isinstance(value, str) else value
-        return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else str(value)
-    except (ValueError, TypeError, AttributeError):  # a history entry written by hand
-        return str(value)
+    return when_text(value)
 
 
 def _error_item(entry: dict[str, Any], *, errors: bool) -> SafeString:
@@ -187,50 +179,6 @@ def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
     return format_html(
         '<ol class="inbox-timeline">{}</ol>', format_html_join("", "{}", ((i,) for i in items))
     )
-
-
-#: The summary estimates completed rows instead of counting them (a scan of the table) above
-#: this many rows: a page view must not read the table.
-SUMMARY_ESTIMATE_ABOVE = 100_000
-
-
-def summary() -> dict[str, Any]:
-    """Counts per consumer and status with links, oldest due age, stuck/dead rows, problems."""
-    stats = collect(ignore=(), estimate_above=SUMMARY_ESTIMATE_ABOVE)
-    base = reverse("admin:django_inbox_inboxmessage_changelist")
-    rows = []
-    for name, consumer in sorted(stats.consumers.items()):
-        cells = []
-        for status in STATUSES:
-            count = consumer.counts[status]
-            cells.append(
-                {
-                    "status": status,
-                    "count": count,
-                    "estimated": status in consumer.estimated,
-                    "url": f"{base}?{urlencode({'consumer': name, 'status__exact': status})}",
-                }
-            )
-        rows.append(
-            {
-                "consumer": name,
-                "url": f"{base}?{urlencode({'consumer': name})}",
-                "cells": cells,
-                "stuck": consumer.stuck,
-                "oldest_pending_age": consumer.oldest_pending_age,
-            }
-        )
-    return {
-        "statuses": [(status, InboxMessage.Status(status).label) for status in STATUSES],
-        "rows": rows,
-        "problems": stats.problems,
-        "problem_kinds": PROBLEM_KINDS,
-        "completed_estimated": stats.completed_estimated,
-        "estimated": any(consumer.estimated for consumer in stats.consumers.values()),
-        "exact_up_to": EXACT_UP_TO,
-        "max_pending_age": stats.max_pending_age,
-        "at": stats.at,
-    }
 
 
 def key_versions(consumer: str, key: str, limit: int) -> dict[str, Any]:

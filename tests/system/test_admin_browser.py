@@ -510,3 +510,91 @@ def test_operator_follows_a_key_and_skips_the_version_that_holds_it_back(
         "Skipped (was dead)"
     )
     assert dialogs == []
+
+
+def test_the_first_screen_at_1400_px_shows_why_and_when(
+    page: Page, dialogs: list[str], live_server: Any
+) -> None:
+    """At 1400 x 900, the list starts on the first screen and each row shows why it failed
+    and when it is tried next, its UUID id on one line and its times with seconds and the
+    zone; idle consumers are folded into one line; a parked message says who parked it."""
+    make_messages()
+    uuid_id = "3f2b8c1e-9a4d-4c7e-b1f0-5d6e7a8b9c0d"
+    assert (
+        deliver(
+            consumer="effects",
+            message_id=uuid_id,
+            event_type="effect.write",
+            payload={"order": 4001, "reject": "sku unknown"},
+        )
+        == Outcome.DEAD
+    )
+    parked = InboxMessage.objects.get(message_id="unknown-sku-1")
+    from django_inbox.services import operator as operator_actions
+
+    operator_actions.park(
+        InboxMessage.objects.filter(pk=parked.pk), actor="ana (on call)", reason="INC-4711"
+    )
+    assert InboxMessage.objects.get(pk=parked.pk).status == Status.PARKED
+    make_user("operator", OPERATOR_PERMISSIONS)
+    base = live_server.url
+    page.set_viewport_size({"width": 1400, "height": 900})
+    log_in(page, base, "operator")
+    page.goto(f"{base}/admin/django_inbox/inboxmessage/")
+    page.locator("#inbox-summary").wait_for()
+    page.click("#toggle-nav-sidebar")
+    page.locator("#nav-sidebar").wait_for(state="hidden")
+
+    # Idle consumers (audit and the others with nothing to do) fold into one line.
+    shown = page.locator("#inbox-summary tbody th").all_inner_texts()
+    assert shown == ["effects", "stream"], shown
+    assert "audit" in page.locator("#inbox-quiet").inner_text()
+    assert (
+        "effects: 1 parked, waiting for an operator" in page.locator("#inbox-notices").inner_text()
+    )
+
+    first = page.locator("#result_list tbody tr").first
+    cause = first.locator("td.field-short_error")
+    # No sideways scrolling of the list, and the cause and next attempt on the first screen.
+    results = page.locator("#changelist .results")
+    overflow = results.evaluate("el => el.scrollWidth - el.clientWidth")
+    widths = page.locator("#result_list thead th").evaluate_all(
+        "els => els.map(e => [e.className, Math.round(e.getBoundingClientRect().width)])"
+    )
+    assert overflow <= 0, f"the list scrolls sideways by {overflow} px at 1400 px: {widths}"
+    for cell in (cause, first.locator("td.field-next_attempt_display")):
+        box = cell.bounding_box()
+        assert box is not None
+        assert box["x"] + box["width"] <= 1400 and box["y"] + box["height"] <= 900, box
+    # The newest row is the UUID dead one: its id on one line, like the consumer beside it.
+    id_cell = first.locator("th.field-message_id")
+    assert id_cell.inner_text().strip() == uuid_id
+    consumer_cell = first.locator("td.field-consumer").bounding_box()
+    id_box = id_cell.bounding_box()
+    assert id_box is not None and consumer_cell is not None
+    assert id_box["height"] <= consumer_cell["height"] + 2, (id_box, consumer_cell)
+    assert cause.inner_text().strip() == "Reject: sku unknown"
+    stamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
+    failing = page.locator("#result_list tbody tr", has=page.locator("th", has_text="flaky-0"))
+    from django_inbox.conf import inbox_settings
+
+    limit = inbox_settings.policy("stream").max_attempts
+    assert failing.locator("td.field-attempts_display").inner_text().strip() == f"1 of {limit}"
+    assert stamp.fullmatch(failing.locator("td.field-next_attempt_display").inner_text().strip())
+    assert first.locator("td.field-next_attempt_display").inner_text().strip() == "-"
+    screenshot(page, "admin-first-screen.png")
+
+    # The parked message: who parked it and why; its attempts out of the maximum.
+    page.goto(f"{base}/admin/django_inbox/inboxmessage/{parked.pk}/change/")
+    parked_line = page.locator(".field-parked_display .readonly").inner_text()
+    assert parked_line == "an operator, ana (on call) via python: “INC-4711”", parked_line
+    assert (
+        page.locator(".fieldBox.field-attempts_display .readonly").inner_text().strip() == "1 of 3"
+    )
+    assert stamp.fullmatch(
+        page.locator(".fieldBox.field-received_display .readonly").inner_text().strip()
+    )
+    buttons = page.locator("[id^=inbox-action-]").evaluate_all("els => els.map(e => e.id)")
+    assert "inbox-action-skip_versions" not in buttons  # not an ordered consumer
+    screenshot(page, "admin-parked.png")
+    assert dialogs == []

@@ -454,8 +454,16 @@ def test_detail_page_buttons_only_for_permitted_actions(role: str) -> None:
             return
         assert response.status_code == 200
         page = html(response)
-        expected = {name for name in ALLOWED[role] if status in ACTIONS[name]["from"]}
+        # Skipping applies to a key's version in an ordered consumer only (below).
+        expected = {
+            name
+            for name in ALLOWED[role]
+            if status in ACTIONS[name]["from"] and name != "skip_versions"
+        }
         assert set(re.findall(r'id="inbox-action-(\w+)"', page)) == expected, status
+    version = make_row(Status.DEAD, consumer="ordered", key="case-1", sequence=2)
+    offered = set(re.findall(r'id="inbox-action-(\w+)"', html(client.get(change_url(version.pk)))))
+    assert ("skip_versions" in offered) == ("skip_versions" in ALLOWED[role])
     row = make_row(Status.DEAD)
     page = html(client.get(change_url(row.pk)))
     # Read-only: no save buttons, no delete link.
@@ -946,12 +954,20 @@ def test_summary_banner_and_pagination_count() -> None:
     rows = {
         row["consumer"]: {c["status"]: c["count"] for c in row["cells"]} for row in summary["rows"]
     }
-    assert rows["effects"]["completed"] == 2 and rows["stream"]["received"] == 1
-    assert '?consumer=effects&amp;status__exact=completed">2</a>' in page
+    # Consumers with nothing to process or fix are folded into one line under the table.
+    assert "effects" not in rows and rows["stream"]["received"] == 1
+    assert "effects" in [row["consumer"] for row in summary["quiet"]]
+    assert re.search(r'id="inbox-quiet">.*<a href="[^"]*\?consumer=effects">effects</a>', page)
     assert '?consumer=stream&amp;status__exact=received">1</a>' in page
 
     make_row(Status.DEAD)
     page = html(client.get(CHANGELIST))
+    summary = client.get(CHANGELIST).context["inbox_summary"]
+    rows = {
+        row["consumer"]: {c["status"]: c["count"] for c in row["cells"]} for row in summary["rows"]
+    }
+    assert rows["effects"]["completed"] == 2 and rows["effects"]["dead"] == 1
+    assert '?consumer=effects&amp;status__exact=completed">2</a>' in page
     assert 'id="inbox-problems"' in page and 'id="inbox-healthy"' not in page
     assert "effects: 1 dead message(s) need an operator" in page
     assert '?consumer=effects&amp;status__exact=dead">show them</a>' in page
