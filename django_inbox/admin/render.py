@@ -24,6 +24,8 @@ STATUS_SYMBOLS = {
     "parked": "‖",
     "waiting": "…",
     "skipped": "↷",
+    "pending": "○",
+    "sent": "✓",
 }
 
 

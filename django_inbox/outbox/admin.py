@@ -21,6 +21,7 @@ from ..admin.paginator import CappedCountPaginator, InboxChangeList
 from ..admin.render import pretty_json
 from ..conf import inbox_settings
 from . import services
+from .admin_display import DisplayMixin, summary
 from .models import OutboxMessage
 
 #: Fields only users with view_payload_outboxmessage may see or filter on.
@@ -69,17 +70,20 @@ ACTIONS = {
 }
 
 
-class OutboxMessageAdmin(ConfirmedActions, _Base):
+class OutboxMessageAdmin(ConfirmedActions, DisplayMixin, _Base):
     list_display = (
         "message_id",
         "event_type",
-        "status",
+        "status_display",
+        "destination_display",
         "key",
         "attempts",
-        "age",
         "error",
+        "age",
         "cause",
     )
+    change_list_template = "admin/django_inbox_outbox/outboxmessage/change_list.html"
+    change_form_template = "admin/django_inbox_outbox/outboxmessage/change_form.html"
     list_filter = ("status", RecentEventTypeFilter)
     search_fields = ("message_id",)  # searched by get_search_results, through the indexes
     search_help_text = (
@@ -98,18 +102,16 @@ class OutboxMessageAdmin(ConfirmedActions, _Base):
     readonly_fields = (
         "message_id",
         "event_type",
-        "status",
-        "exchange",
-        "routing_key",
+        "status_display",
+        "destination_display",
         "key",
         "attempts",
         "last_error",
-        "created_at",
-        "updated_at",
-        "next_attempt_at",
-        "locked_until",
-        "sent_at",
-        "cause",
+        "created_display",
+        "next_attempt_display",
+        "sent_display",
+        "cause_link",
+        "timeline_display",
     )
 
     def get_fields(self, request: HttpRequest, obj: OutboxMessage | None = None) -> Any:
@@ -164,6 +166,9 @@ class OutboxMessageAdmin(ConfirmedActions, _Base):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         refuse_unstorable_query(request)  # a NUL in a filter: 400, not a database error
         self._request = request  # lookup_allowed() of Django < 5.0 gets no request
+        extra_context = dict(extra_context or {})
+        if request.method == "GET":  # an action's POST shows its confirmation, not the list
+            extra_context["outbox_summary"] = summary()
         return super().changelist_view(request, extra_context)
 
     def lookup_allowed(self, lookup: str, value: str, request: Any = None) -> bool:

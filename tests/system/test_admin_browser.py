@@ -598,3 +598,59 @@ def test_the_first_screen_at_1400_px_shows_why_and_when(
     assert "inbox-action-skip_versions" not in buttons  # not an ordered consumer
     screenshot(page, "admin-parked.png")
     assert dialogs == []
+
+
+def test_the_outbox_admin_shows_badges_destinations_and_a_timeline(
+    page: Page, dialogs: list[str], live_server: Any
+) -> None:
+    from django.utils import timezone
+
+    from django_inbox.outbox import publish
+    from django_inbox.outbox.models import OutboxMessage
+
+    cause = InboxMessage.objects.create(
+        consumer="effects", message_id="order-77", event_type="order.paid", payload={}
+    )
+    ids = [
+        publish("order.placed", {"n": n}, routing_key="orders", key="order-77") for n in range(2)
+    ]
+    sent = publish("order.paid", {"n": 9}, routing_key="billing", exchange="shop")
+    dead = publish("order.refunded", {"n": 8}, routing_key="nowhere")
+    OutboxMessage.objects.filter(message_id=sent).update(
+        status="sent",
+        attempts=2,
+        sent_at=timezone.now(),
+        last_error="unroutable: no queue bound",
+        causation_consumer="effects",
+        causation_message_id="order-77",
+    )
+    OutboxMessage.objects.filter(message_id=dead).update(
+        status="dead", attempts=10, last_error="unroutable: no queue bound to nowhere"
+    )
+    assert all(ids)
+    user = User.objects.create_user("ops", password=PASSWORD, is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_outboxmessage", "view_inboxmessage"])
+    )
+    base = live_server.url
+    page.set_viewport_size({"width": 1400, "height": 900})
+    log_in(page, base, "ops")
+    page.goto(f"{base}/admin/django_inbox_outbox/outboxmessage/")
+    page.locator("#outbox-summary").wait_for()
+    page.click("#toggle-nav-sidebar")
+    page.locator("#nav-sidebar").wait_for(state="hidden")
+    banner = page.locator("#outbox-problems").inner_text()
+    assert "1 outbox message dead" in banner, banner
+    assert page.locator("#result_list .inbox-status-dead").inner_text().strip() == "✗ dead"
+    assert page.locator("#result_list .inbox-status-sent").count() == 1
+    destinations = page.locator("#result_list td.field-destination_display").all_inner_texts()
+    assert "shop → billing" in destinations and "(default exchange) → orders" in destinations
+    screenshot(page, "admin-outbox.png")
+
+    row = OutboxMessage.objects.get(message_id=sent)
+    page.goto(f"{base}/admin/django_inbox_outbox/outboxmessage/{row.pk}/change/")
+    timeline = page.locator("ol.inbox-timeline").inner_text()
+    assert "Written to shop → billing" in timeline and "Sent on attempt 2" in timeline
+    page.get_by_role("link", name="effects · order-77").click()
+    page.wait_for_url(re.compile(rf"/inboxmessage/{cause.pk}/change/"))
+    assert dialogs == []

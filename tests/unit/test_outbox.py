@@ -148,6 +148,51 @@ def test_the_admin_lists_rows() -> None:
     assert detail.status_code == 200 and "&quot;n&quot;" not in detail.content.decode()
 
 
+def test_the_admin_shows_the_outbox_as_the_inbox_admin_does() -> None:
+    """Badges, the destination, the summary with the problems, one time style, a timeline on
+    a message's page and a link to the inbox message whose handler wrote it."""
+    cause = InboxMessage.objects.create(
+        consumer="effects", message_id="order-77", event_type="order.paid", payload={}
+    )
+    rows(2, status=Status.DEAD, attempts=10, last_error="unroutable: no queue")
+    [sent] = rows(
+        1,
+        status=Status.SENT,
+        attempts=2,
+        sent_at=timezone.now(),
+        exchange="shop",
+        causation_consumer="effects",
+        causation_message_id="order-77",
+    )
+    user = User.objects.create_user("ops", password="pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename="view_outboxmessage"))
+    client = Client()
+    client.force_login(user)
+    page = client.get(CHANGELIST).content.decode()
+    assert 'id="outbox-problems"' in page
+    assert "2 outbox messages dead: not published after their attempts" in page
+    assert re.search(r'<span class="inbox-status inbox-status-dead">✗ dead</span>', page)
+    assert "(default exchange) → orders" in page and "shop → orders" in page
+    summary = re.search(r'id="outbox-summary">(.*?)</table>', page, re.S)
+    assert summary and 'status__exact=dead">2</a>' in summary.group(1)
+
+    row = OutboxMessage.objects.get(message_id=sent)
+    detail = client.get(f"{CHANGELIST}{row.pk}/change/").content.decode()
+    timeline = re.search(r'<ol class="inbox-timeline">(.*?)</ol>', detail, re.S)
+    assert timeline, detail[:2000]
+    text = re.sub(r"<[^>]+>", "", timeline.group(1))
+    assert "Written to shop → orders" in text
+    assert "1 attempt(s) failed" in text and "Sent on attempt 2" in text
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", text)
+    link = f'href="/admin/django_inbox/inboxmessage/{cause.pk}/change/">effects · order-77</a>'
+    assert link in detail
+    cause.delete()
+    assert (
+        "effects · order-77 (no longer kept)"
+        in client.get(f"{CHANGELIST}{row.pk}/change/").content.decode()
+    )
+
+
 def test_the_admin_does_not_offer_the_replay_without_its_permission() -> None:
     rows(1, status=Status.DEAD)
     user = User.objects.create_user("viewer", password="pw", is_staff=True)
