@@ -349,10 +349,19 @@ def test_operator_finds_reads_and_replays_a_dead_message(
     reason.wait_for()
     assert page.locator("#inbox-eligible").inner_text().startswith("1 selected message can")
     assert page.locator("#inbox-selection tbody").inner_text().split() == ["✗", "dead", "1"]
+    # It names the message, and once confirmed comes back to its page.
+    assert page.locator("#inbox-sample").inner_text().split() == [
+        "effects",
+        "·",
+        "order-3001",
+        "✗",
+        "dead",
+    ]
     reason.fill("warehouse API is back (INC-4711)")
     page.set_viewport_size({"width": 1600, "height": 480})  # the page is short
     screenshot(page, "admin-confirm.png")
     page.click("#inbox-confirm")
+    page.wait_for_url(re.compile(rf"/inboxmessage/{rows['order-3001'].pk}/change/$"))
     success = page.locator(".messagelist .success")
     success.wait_for()
     assert success.inner_text() == "Replayed 1 message(s) (1 dead)."
@@ -494,6 +503,7 @@ def test_operator_follows_a_key_and_skips_the_version_that_holds_it_back(
     page.click("#inbox-action-skip_versions")
     page.locator("#inbox-reason").fill("v1 cannot be applied (TICKET-9)")
     page.click("#inbox-confirm")
+    page.wait_for_url(re.compile(r"/inboxmessage/\d+/change/$"))  # back on v1's page
     success = page.locator(".messagelist .success")
     success.wait_for()
     assert success.inner_text() == "Skipped 1 message(s) (1 dead)."
