@@ -197,16 +197,19 @@ class ConfirmedActions(_Base):
                     return HttpResponseRedirect(reverse(page, args=[back_to]))
                 return None
         # Read at most 10,001 rows: a "select all" of half a million is estimated, not counted.
-        counts, estimated = tally_by_status(selected)
+        counts, estimated = tally_by_status(selected, also=spec.start)
+        # Any eleven of the selected rows, newest first among them: in the list's order, a
+        # selection of old rows behind a backlog of new ones would walk the whole backlog.
         sample = [
             {
                 "pk": row["pk"],
                 "status": row["status"],
                 "label": " · ".join(str(row[f]) for f in self.sample_fields),
             }
-            for row in selected.order_by("-pk").values("pk", "status", *self.sample_fields)[
-                : SAMPLE + 1
-            ]
+            for row in sorted(
+                selected.order_by().values("pk", "status", *self.sample_fields)[: SAMPLE + 1],
+                key=lambda row: -row["pk"],
+            )
         ]
         eligible = sum(n for status, n in counts.items() if status in spec.start)
         context = {

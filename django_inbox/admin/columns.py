@@ -29,9 +29,11 @@ def when_text(value: str | datetime | None) -> str:
     """``2026-11-29 08:22:09 UTC``; ``""`` for none; a string that is no time, as it is."""
     if value is None:
         return ""
+    if not isinstance(value, str | datetime):  # a history entry written by hand
+        return str(value)
     try:
         moment = parse_datetime(value) if isinstance(value, str) else value
-    except (ValueError, TypeError):  # a history entry written by hand
+    except (ValueError, TypeError):
         return str(value)
     if moment is None:
         return str(value)

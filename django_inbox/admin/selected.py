@@ -4,6 +4,7 @@ actor written into each message's history."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db.models import QuerySet
@@ -36,7 +37,7 @@ def return_to(request: HttpRequest, selected: QuerySet[Any]) -> int | None:
     """The message whose page an action came from (``_return_to``), if it is the one selected:
     where to go back to once the action ran. Anything else is ignored (no open redirect)."""
     value = request.POST.get("_return_to", "")
-    if not value.isdigit() or len(value) > 19:
+    if not re.fullmatch(r"[0-9]{1,18}", value):  # str.isdigit() takes "²" too
         return None
     pk = int(value)
     return pk if selected.filter(pk=pk).exists() else None

@@ -68,7 +68,7 @@ def sample(
     inner = queryset.order_by(*order_by).values_list(*selected_columns)
     if limit is not None:
         inner = inner[: limit + 1]
-    inner_sql, inner_params = inner.query.sql_with_params()
+    inner_sql, inner_params = _compiled(inner)
     names = [quote(name) for name in group_by]
     selected = [f"s.{name}" for name in names] + ["COUNT(*)"]
     for function, argument in aggregates.values():
@@ -92,6 +92,13 @@ def sample(
                 group[name] = _as_datetime(group[name])
     total = sum(int(group["n"]) for group in groups)
     return Sample(groups, complete=limit is None or total <= limit)
+
+
+def _compiled(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
+    """The SQL of ``queryset`` for its own database (``INBOX_DATABASE`` may not be
+    ``default``, nor of its kind)."""
+    sql, params = queryset.query.get_compiler(using=queryset.db).as_sql()
+    return sql, tuple(params)
 
 
 def _columns(aggregates: dict[str, tuple[str, str]]) -> Iterable[str]:
@@ -136,7 +143,7 @@ def estimate(queryset: QuerySet[Any]) -> int | None:
     them (PostgreSQL's ``EXPLAIN``; MariaDB's and MySQL's rows times filtered); ``None``
     where there is none (SQLite). It comes from the table's statistics (``ANALYZE``): after
     a sudden change it can be far off until they are refreshed."""
-    sql, params = queryset.order_by().values("pk").query.sql_with_params()
+    sql, params = _compiled(queryset.order_by().values("pk"))
     return _explain(queryset.db, sql, params)
 
 
@@ -160,6 +167,8 @@ def _explain(using: str, sql: str, params: Sequence[Any]) -> int | None:
     return None
 
 
+#: Statements per ``UNION ALL`` (SQLite takes at most 500 in one compound ``SELECT``).
+UNION_TERMS = 100
 #: Stands for a consumer's name while a per-consumer statement is compiled once.
 _NAME = "\x00consumer\x00"
 
@@ -170,7 +179,8 @@ def _per_consumer(
     """``shape(queryset.filter(consumer=name))`` for each of ``names``, compiled once: the SQL
     and each name's parameters (compiling a queryset costs more than running these
     statements)."""
-    sql, params = shape(queryset.filter(consumer=_NAME)).query.sql_with_params()
+    sql, compiled = _compiled(shape(queryset.filter(consumer=_NAME)))
+    params = list(compiled)
     where = [i for i, value in enumerate(params) if value == _NAME]
     if len(where) != 1:
         raise ValueError("the consumer must appear once in the statement")
@@ -182,6 +192,25 @@ def _per_consumer(
     return found
 
 
+def _union(
+    using: str, statements: list[tuple[str, list[Any]]], select: str
+) -> list[tuple[Any, ...]]:
+    """Run ``SELECT i, <select> FROM (<statement i>) s<i>`` for every statement in one round
+    trip (``UNION ALL``); ``{alias}`` in ``select`` names the statement's alias."""
+    found: list[tuple[Any, ...]] = []
+    for start in range(0, len(statements), UNION_TERMS):
+        parts: list[str] = []
+        params: list[Any] = []
+        for index, (sql, mine) in enumerate(statements[start : start + UNION_TERMS], start):
+            alias = f"s{index}"
+            parts.append(f"SELECT {index}, {select.format(alias=alias)} FROM ({sql}) {alias}")
+            params.extend(mine)
+        with connections[using].cursor() as cursor:
+            cursor.execute(" UNION ALL ".join(parts), params)
+            found.extend(cursor.fetchall())
+    return found
+
+
 def bounded_counts(
     queryset: QuerySet[Any], names: Sequence[str], *, limit: int = EXACT_UP_TO
 ) -> dict[str, int]:
@@ -190,14 +219,7 @@ def bounded_counts(
     if not names:
         return {}
     statements = _per_consumer(queryset, names, lambda q: q.order_by().values("pk")[: limit + 1])
-    parts: list[str] = []
-    params: list[Any] = []
-    for index, (sql, inner) in enumerate(statements):
-        parts.append(f"SELECT {index}, COUNT(*) FROM ({sql}) s{index}")
-        params.extend(inner)
-    with connections[queryset.db].cursor() as cursor:
-        cursor.execute(" UNION ALL ".join(parts), params)
-        found = dict(cursor.fetchall())
+    found = dict(_union(queryset.db, statements, "COUNT(*)"))
     return {name: int(found.get(i, 0)) for i, name in enumerate(names)}
 
 
@@ -211,14 +233,7 @@ def firsts(
     statements = _per_consumer(
         queryset, names, lambda q: q.order_by(*order_by).values_list(*fields)[:1]
     )
-    parts: list[str] = []
-    params: list[Any] = []
-    for index, (sql, mine) in enumerate(statements):
-        parts.append(f"SELECT {index}, s{index}.* FROM ({sql}) s{index}")
-        params.extend(mine)
-    with connections[queryset.db].cursor() as cursor:
-        cursor.execute(" UNION ALL ".join(parts), params)
-        rows = cursor.fetchall()
+    rows = _union(queryset.db, statements, "{alias}.*")
     convert = [_is_datetime(queryset, name) for name in fields]
     return {
         names[row[0]]: tuple(

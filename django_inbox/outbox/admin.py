@@ -24,8 +24,9 @@ from . import services
 from .admin_display import DisplayMixin, summary
 from .models import OutboxMessage
 
-#: Fields only users with view_payload_outboxmessage may see or filter on.
-PAYLOAD_FIELDS = ("payload", "headers")
+#: Fields only users with view_payload_outboxmessage may see or filter on (an error's text may
+#: quote the payload).
+PAYLOAD_FIELDS = ("payload", "headers", "last_error")
 
 if TYPE_CHECKING:
     _Base = admin.ModelAdmin[OutboxMessage]
@@ -118,7 +119,16 @@ class OutboxMessageAdmin(ConfirmedActions, DisplayMixin, _Base):
         fields = list(self.readonly_fields)
         if request.user.has_perm("django_inbox_outbox.view_payload_outboxmessage"):
             fields += ["payload_shown", "headers_shown"]
+        else:  # errors without their texts, which may quote the payload, as the inbox's
+            fields[fields.index("timeline_display")] = "timeline_redacted"
+            fields[fields.index("last_error")] = "error_type"
         return fields
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        columns = super().get_list_display(request)
+        if request.user.has_perm("django_inbox_outbox.view_payload_outboxmessage"):
+            return columns
+        return [("error_type" if column == "error" else column) for column in columns]
 
     @admin.display(description="payload")
     def payload_shown(self, obj: OutboxMessage) -> SafeString:

@@ -57,13 +57,14 @@ def summary() -> dict[str, Any]:
     }
 
 
-def timeline(row: OutboxMessage) -> SafeString:
-    """Written (by which inbox message), attempts, and sent, dead or the next attempt."""
+def timeline(row: OutboxMessage, *, errors: bool = True) -> SafeString:
+    """Written (by which inbox message), attempts, and sent, dead or the next attempt; the
+    last error only where ``errors`` (it may quote the payload)."""
     items: list[tuple[str, str, SafeString | str]] = [
         (when_text(row.created_at), "Written", format_html(" to {}", destination(row)))
     ]
     if row.attempts:
-        error = format_html(": {}", row.last_error) if row.last_error else ""
+        error = format_html(": {}", row.last_error) if row.last_error and errors else ""
         failed = row.attempts - (1 if row.status == Status.SENT else 0)
         if failed:
             items.append((when_text(row.updated_at), f"{failed} attempt(s) failed", error or ""))
@@ -111,6 +112,18 @@ class DisplayMixin:
     @admin.display(description="timeline")
     def timeline_display(self, row: OutboxMessage) -> SafeString:
         return timeline(row)
+
+    @admin.display(description="last error")
+    def error_type(self, row: OutboxMessage) -> str:
+        """The error's kind only (``unroutable``, an exception's class): its text may quote
+        the payload."""
+        if row.status == Status.PENDING and row.next_attempt_at is None:
+            return "held: an earlier message of its key is not sent yet"
+        return row.last_error.split(":", 1)[0].strip()
+
+    @admin.display(description="timeline")
+    def timeline_redacted(self, row: OutboxMessage) -> SafeString:
+        return timeline(row, errors=False)
 
     @admin.display(description="written by")
     def cause_link(self, row: OutboxMessage) -> SafeString | str:

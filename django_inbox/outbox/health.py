@@ -26,7 +26,7 @@ from .models import OutboxMessage
 Status = OutboxMessage.Status
 
 #: Above this many rows (PostgreSQL's estimate), ``sent`` rows are estimated, not counted.
-ESTIMATE_ABOVE = 1_000_000
+ESTIMATE_ABOVE = 100_000
 #: Seconds a due row may wait for a claim before nobody is said to be claiming: relays poll
 #: every fraction of a second, and a busy one claims its next batch as soon as one settles.
 UNCLAIMED_AFTER = 60.0
@@ -74,7 +74,8 @@ def collect(now: datetime | None = None) -> OutboxStats:
     rows = OutboxMessage.objects.using(using).order_by()
     # At most EXACT_UP_TO + 1 pending rows are read, in due order (a relay down for an hour
     # leaves a backlog that a count would read whole); beyond that the count is estimated and
-    # the oldest is that of the rows due first (written first, unless retried).
+    # the oldest is that of the rows due first (written first, unless retried or held: an
+    # approximation, said in the docs).
     found = counting.sample(
         rows.filter(status=Status.PENDING),
         (),
@@ -84,8 +85,11 @@ def collect(now: datetime | None = None) -> OutboxStats:
     head: dict[str, Any] = found.groups[0] if found.groups else {"n": 0, "oldest": None}
     stats = OutboxStats(pending=int(head["n"]))
     if not found.complete:
-        guess = counting.estimate(rows.filter(status=Status.PENDING)) or 0
-        stats.pending, stats.pending_estimated = max(guess, stats.pending), True
+        guess = counting.estimate(rows.filter(status=Status.PENDING))
+        if guess is None:  # no planner estimate (SQLite): count
+            stats.pending = rows.filter(status=Status.PENDING).count()
+        else:
+            stats.pending, stats.pending_estimated = max(guess, stats.pending), True
     stats.dead, stats.dead_estimated = counting.bounded_count(rows.filter(status=Status.DEAD))
     oldest: datetime | None = head["oldest"]
     if oldest is not None:

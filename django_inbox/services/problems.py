@@ -12,6 +12,7 @@ from django.db.models import Count, Exists, OuterRef, Q
 
 from .. import companions
 from ..conf import inbox_settings
+from ..db.counting import sample
 from ..models import InboxKey, InboxMessage
 from ..ordered.gaps import GAP_PREFIX
 
@@ -115,14 +116,12 @@ def held_up(rows: Any, found: dict[str, ConsumerStats], overdue: datetime, of: A
     waiting = any(stats.counts[Status.WAITING] for stats in found.values())
     if ordered_with_problems:
         _held(rows, of)
-    if waiting:
-        late = (
-            rows.filter(status=Status.WAITING, next_attempt_at__lt=overdue)
-            .values("consumer")
-            .annotate(n=Count("id"))
+    if waiting:  # counted up to EXACT_UP_TO + 1 rows (a lower bound beyond)
+        late = sample(
+            rows.filter(status=Status.WAITING, next_attempt_at__lt=overdue), ("consumer",)
         )
-        for late_row in late:
-            of(late_row["consumer"]).overdue_waiting = late_row["n"]
+        for late_row in late.groups:
+            of(late_row["consumer"]).overdue_waiting = int(late_row["n"])
 
 
 def _held(rows: Any, of: Any) -> None:

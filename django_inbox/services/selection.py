@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import socket
+from collections.abc import Iterable
 from datetime import datetime
 
 from django.db import connections
@@ -116,20 +117,24 @@ def count_by_status(rows: QuerySet[InboxMessage]) -> dict[str, int]:
 
 
 def tally_by_status(
-    rows: QuerySet[InboxMessage], *, limit: int | None = None
+    rows: QuerySet[InboxMessage],
+    *,
+    limit: int | None = None,
+    also: Iterable[str] = (),
 ) -> tuple[dict[str, int], bool]:
     """``count_by_status`` that reads at most ``limit`` + 1 rows: ``(counts, estimated)``.
-    Over the limit, each status met is the planner's estimate (never less than was read):
-    what a confirmation of "select all" shows without counting half a million rows."""
+    Over the limit, each status met, and each of ``also`` (the statuses an action changes,
+    which the rows read may have missed), is the planner's estimate (never less than was
+    read): what a confirmation of "select all" shows without counting half a million rows."""
     found = sample(rows, ("status",), limit=counting.EXACT_UP_TO if limit is None else limit)
     counts = {group["status"]: int(group["n"]) for group in found.groups}
     if found.complete:
         return counts, False
-    for status, read in list(counts.items()):
+    for status in dict.fromkeys([*counts, *also]):
         guess = estimate(rows.filter(status=status))
         if guess is None:  # no planner estimate (SQLite): count
             return count_by_status(rows), False
-        counts[status] = max(guess, read)
+        counts[status] = max(guess, counts.get(status, 0))
     return counts, True
 
 

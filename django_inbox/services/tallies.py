@@ -2,15 +2,16 @@
 
 Three families of rows, each with a partial index of its own on PostgreSQL: those still to
 process (``received``, ``failed``, ``in_progress``), those that need an operator (``dead``,
-``parked``) and ordered consumers' ``waiting`` rows. Each family is first read through a
-bounded sample of at most :data:`~django_inbox.db.counting.EXACT_UP_TO` + 1 rows: when fewer
-rows exist, that one query gives every exact number, as in a healthy inbox. Otherwise each
-consumer is read on its own, up to :data:`~django_inbox.db.counting.EXACT_PER_CONSUMER` + 1
-rows, and a consumer with more gets the planner's estimates (never less than what was read),
-marked in ``ConsumerStats.estimated``. In a large backlog, ``in_progress`` and ``failed`` rows
-are read through their own indexes (few, and exact), and ``received`` ones are the rest of a
-consumer's polled rows. Ages stay exact: a consumer's rows are read in due order, so the
-oldest due row is among those read.
+``parked``) and ordered consumers' ``waiting`` rows. Each family is first counted through its
+index alone, up to :data:`~django_inbox.db.counting.EXACT_UP_TO` + 1 entries: when no more,
+one read of its rows gives every exact number, as in a healthy inbox. Otherwise each consumer
+is counted the same way up to :data:`~django_inbox.db.counting.EXACT_PER_CONSUMER` + 1 and
+read when no more; a consumer with more has its first rows read (in due order; the newest dead
+and parked ones) and the planner's estimates for the statuses met among them (never less than
+what was read), marked in ``ConsumerStats.estimated``. In a large backlog, ``in_progress`` and
+``failed`` rows are read through their own indexes (few, and exact), and ``received`` ones are
+the rest of a consumer's polled rows. The oldest due age stays exact (rows are read in due
+order); the waiting age is approximate beyond the limits.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ Rows = QuerySet[InboxMessage]
 Of = Callable[[str], "ConsumerStats"]
 #: The consumers to sample one by one, asked only when a family is over the limit.
 Names = Callable[[], Iterable[str]]
+#: Databases whose planner estimates a query's rows (:func:`~django_inbox.db.counting.estimate`).
+PLANNED = ("postgresql", "mysql")
 
 
 def tally(rows: Rows, now: datetime, limit: int | None, consumers: Names, of: Of) -> None:
@@ -69,35 +72,44 @@ def _families(
     consumers: Names,
     read: Callable[..., Sample],
     fill: Callable[[dict[str, Any]], None],
+    of: Of,
     *,
     due_order: str,
-) -> list[str]:
-    """Sample ``statuses`` of every consumer at once; if that sample is not complete, sample
-    each consumer (in ``due_order``, if its ages are read) and estimate the statuses of those
-    still over the limit.
-    Returns the consumers whose counts are estimated."""
-    # Unordered: the whole sample is used only when complete, and MySQL would sort every row
-    # of several statuses to read them in an index's order.
-    whole = read(rows.filter(status__in=statuses), ())
-    if whole.complete:
-        for group in whole.groups:
+) -> None:
+    """Count ``statuses`` of every consumer: counted through the index alone up to ``limit``
+    (index entries, no row), then read whole when no more (exact). Otherwise each consumer is
+    counted the same way up to :data:`EXACT_PER_CONSUMER` and read when no more. A consumer
+    over that has its first :data:`EXACT_PER_CONSUMER` + 1 rows in ``due_order`` read (its
+    ages; for dead and parked rows, the newest), and each status met among them estimated;
+    a status not met keeps its count of ``0``, marked as an estimate too. Reading a row (its
+    status, ages, error) visits the table, scattered over it when rows are old: the counts
+    never do."""
+    family = rows.filter(status__in=statuses)
+    if limit is None or bounded_count(family, limit=limit, guess=False)[0] <= limit:
+        for group in read(family, ()).groups:
             fill(group)
-        return []
-    over = []
-    names = list(dict.fromkeys([*consumers(), *(g["consumer"] for g in whole.groups)]))
+        return
+    names = list(consumers())
+    counted = bounded_counts(family, names, limit=EXACT_PER_CONSUMER)
     for name in names:
-        mine = rows.filter(consumer=name, status__in=statuses)
-        found = read(mine, (due_order,) if due_order else (), EXACT_PER_CONSUMER)
+        if not counted[name]:
+            continue
+        found = read(family.filter(consumer=name), (due_order,), EXACT_PER_CONSUMER)
         for group in found.groups:
             fill(group)
-        if not found.complete:
-            over.append(name)
-    return over
+        if counted[name] <= EXACT_PER_CONSUMER:
+            continue
+        if connections[rows.db].vendor not in PLANNED:  # no estimates (SQLite): count them
+            _estimate(rows, name, statuses, of)
+            continue
+        met = {group["status"] for group in found.groups}
+        _estimate(rows, name, [status for status in statuses if status in met], of)
+        of(name).estimated.update(statuses)
 
 
 def _estimate(rows: Rows, name: str, statuses: Sequence[str], of: Of) -> None:
-    """Replace the sampled counts of ``name``'s ``statuses`` (what its sample read) by the
-    planner's estimates, never lower."""
+    """Replace the read counts of ``name``'s ``statuses`` by the planner's estimates, never
+    lower (on SQLite, which has none, by counts)."""
     stats = of(name)
     for status in statuses:
         guess = estimate(rows.filter(consumer=name, status=status))
@@ -150,9 +162,7 @@ def _polled(rows: Rows, now: datetime, limit: int | None, consumers: Names, of: 
     # own indexes, and are few: sampled apart. Received rows are the rest of a consumer's
     # polled rows, counted through the polled index alone (up to the limit).
     for status in (Status.IN_PROGRESS, Status.FAILED):
-        over = _families(rows, (status,), limit, consumers, read, fill, due_order="next_attempt_at")
-        for name in over:
-            _estimate(rows, name, (status,), of)
+        _families(rows, (status,), limit, consumers, read, fill, of, due_order="next_attempt_at")
     _received(
         rows, list(consumers()), now, min(limit, EXACT_PER_CONSUMER), of
     )  # those with rows included
@@ -209,9 +219,8 @@ def _attention(rows: Rows, limit: int | None, consumers: Names, of: Of) -> None:
         if group["status"] == Status.PARKED:
             stats.parked_gaps = int(group["gaps"])
 
-    over = _families(rows, ATTENTION_STATUSES, limit, consumers, read, fill, due_order="")
-    for name in over:
-        _estimate(rows, name, ATTENTION_STATUSES, of)
+    # The newest first: a consumer's latest failures are among the rows read.
+    _families(rows, ATTENTION_STATUSES, limit, consumers, read, fill, of, due_order="-updated_at")
 
 
 def _waiting(rows: Rows, now: datetime, limit: int | None, consumers: Names, of: Of) -> None:
@@ -231,8 +240,6 @@ def _waiting(rows: Rows, now: datetime, limit: int | None, consumers: Names, of:
             age = max(0.0, (now - group["since"]).total_seconds())
             stats.oldest_waiting_age = max(stats.oldest_waiting_age, age)
 
-    over = _families(
-        rows, (Status.WAITING,), limit, consumers, read, fill, due_order="next_attempt_at"
+    _families(
+        rows, (Status.WAITING,), limit, consumers, read, fill, of, due_order="next_attempt_at"
     )
-    for name in over:
-        _estimate(rows, name, (Status.WAITING,), of)

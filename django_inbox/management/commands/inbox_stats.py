@@ -56,9 +56,10 @@ class Command(InboxCommand):
             action="store_true",
             help=(
                 "Count every row, however many: a large table or backlog is otherwise "
-                "estimated (completed rows above 100,000 rows in the table, any status above "
-                "10,000 rows of a consumer), which keeps this fast in an incident. A count "
-                "takes what reading the rows takes: seconds on millions."
+                "estimated (completed rows above 100,000 rows in the table; other statuses "
+                "above 10,000 rows of a family, then 1,000 of a consumer), which keeps this "
+                "fast in an incident. A count takes what reading the rows takes: seconds on "
+                "millions."
             ),
         )
 
