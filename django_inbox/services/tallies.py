@@ -75,9 +75,11 @@ def _families(
     of: Of,
     *,
     due_order: str,
+    count_first: bool = False,
 ) -> None:
-    """Count ``statuses`` of every consumer: counted through the index alone up to ``limit``
-    (index entries, no row), then read whole when no more (exact). Otherwise each consumer is
+    """Count ``statuses`` of every consumer: read up to ``limit`` + 1 rows, or with
+    ``count_first`` counted through the index alone up to ``limit`` (index entries, no row)
+    and then read whole when no more (exact). Otherwise each consumer is
     counted the same way up to :data:`EXACT_PER_CONSUMER` and read when no more. A consumer
     over that has its first :data:`EXACT_PER_CONSUMER` + 1 rows in ``due_order`` read (its
     ages; for dead and parked rows, the newest), and each status met among them estimated;
@@ -85,10 +87,18 @@ def _families(
     status, ages, error) visits the table, scattered over it when rows are old: the counts
     never do."""
     family = rows.filter(status__in=statuses)
-    if limit is None or bounded_count(family, limit=limit, guess=False)[0] <= limit:
+    if limit is None or (
+        count_first and bounded_count(family, limit=limit, guess=False)[0] <= limit
+    ):
         for group in read(family, ()).groups:
             fill(group)
         return
+    if not count_first:  # recent rows, usually few: reading them is the count
+        whole = read(family, ())
+        if whole.complete:
+            for group in whole.groups:
+                fill(group)
+            return
     names = list(consumers())
     counted = bounded_counts(family, names, limit=EXACT_PER_CONSUMER)
     for name in names:
@@ -220,7 +230,19 @@ def _attention(rows: Rows, limit: int | None, consumers: Names, of: Of) -> None:
             stats.parked_gaps = int(group["gaps"])
 
     # The newest first: a consumer's latest failures are among the rows read.
-    _families(rows, ATTENTION_STATUSES, limit, consumers, read, fill, of, due_order="-updated_at")
+    # Counted through the index first: dead rows are old and scattered over the table, and
+    # reading 10,001 of them cost 0.1 s at 10M rows.
+    _families(
+        rows,
+        ATTENTION_STATUSES,
+        limit,
+        consumers,
+        read,
+        fill,
+        of,
+        due_order="-updated_at",
+        count_first=True,
+    )
 
 
 def _waiting(rows: Rows, now: datetime, limit: int | None, consumers: Names, of: Of) -> None:
