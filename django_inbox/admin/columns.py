@@ -51,6 +51,11 @@ def when_html(value: datetime | None) -> SafeString | str:
     )
 
 
+def error_type(last_error: str) -> str:
+    """The exception's class of a ``last_error`` line (``"Type: message"``)."""
+    return last_error.split(":", 1)[0].strip()
+
+
 def shortened(text: str, limit: int = CAUSE_CHARS) -> str:
     """``text`` on one line, cut at the last word boundary before ``limit`` characters."""
     line = " ".join(text.split())
@@ -96,7 +101,7 @@ class ColumnsMixin(_Base):
 
     @admin.display(description="cause")
     def last_error_type(self, obj: InboxMessage) -> str:
-        return obj.last_error.split(":", 1)[0].strip()
+        return error_type(obj.last_error)
 
     @admin.display(description="next attempt")
     def next_attempt_display(self, obj: InboxMessage) -> SafeString | str:

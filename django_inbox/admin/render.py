@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from django.urls import reverse
@@ -12,6 +11,7 @@ from django.utils.safestring import SafeString
 from ..models import InboxMessage
 from ..services import shown_json
 from ..wording import counted
+from .columns import error_type as error_type
 from .columns import when_text
 
 #: Symbol shown before each status, so the status reads without colour too.
@@ -52,13 +52,9 @@ def pretty_json(value: Any) -> SafeString:
     )
 
 
-def _when(value: str | datetime | None) -> str:
-    return when_text(value)
-
-
 def _error_item(entry: dict[str, Any], *, errors: bool) -> SafeString:
     retry = (
-        format_html(" — next attempt at {}", _when(entry.get("retry_at")))
+        format_html(" — next attempt at {}", when_text(entry.get("retry_at")))
         if entry.get("retry_at")
         else ""
     )
@@ -74,7 +70,7 @@ def _error_item(entry: dict[str, Any], *, errors: bool) -> SafeString:
     return format_html(
         '<li class="inbox-event inbox-event-error"><time>{}</time> '
         "<strong>Attempt {} failed</strong> → {}{}<br><code>{}</code>{}</li>",
-        _when(entry.get("at")),
+        when_text(entry.get("at")),
         entry.get("attempt", "?"),
         entry.get("outcome", ""),
         retry,
@@ -87,15 +83,10 @@ def _interrupted_item(entry: dict[str, Any], *, errors: bool) -> SafeString:
     return format_html(
         '<li class="inbox-event inbox-event-interrupted"><time>{}</time> '
         "<strong>Attempt {} interrupted</strong> (not counted){}</li>",
-        _when(entry.get("at")),
+        when_text(entry.get("at")),
         entry.get("attempt", "?"),
         format_html(": {}", entry.get("message", "")) if errors else "",
     )
-
-
-def error_type(last_error: str) -> str:
-    """The exception's class of a ``last_error`` line (``"Type: message"``)."""
-    return last_error.split(":", 1)[0].strip()
 
 
 _ACTION_VERBS = {"replay": "Replayed", "park": "Parked", "retry": "Retry now", "skip": "Skipped"}
@@ -108,7 +99,7 @@ def _action_item(entry: dict[str, Any]) -> SafeString:
     return format_html(
         '<li class="inbox-event inbox-event-action"><time>{}</time> <strong>{}</strong> '
         "by {} via {} (was {}, {}){}</li>",
-        _when(entry.get("at")),
+        when_text(entry.get("at")),
         _ACTION_VERBS.get(entry.get("kind", ""), entry.get("kind", "")),
         entry.get("by", "?"),
         entry.get("via", "?"),
@@ -133,7 +124,7 @@ def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
     items: list[SafeString] = [
         format_html(
             '<li class="inbox-event"><time>{}</time> <strong>Received</strong>{}</li>',
-            _when(message.received_at),
+            when_text(message.received_at),
             format_html(" from {}", message.source) if message.source else "",
         )
     ]
@@ -154,7 +145,7 @@ def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
             items.append(
                 format_html(
                     '<li class="inbox-event"><time>{}</time> <strong>{}</strong>: {}</li>',
-                    _when(entry.get("at")),
+                    when_text(entry.get("at")),
                     _ORDERING_KINDS[entry["kind"]],
                     entry.get("message", ""),
                 )
@@ -166,7 +157,7 @@ def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
             format_html(
                 '<li class="inbox-event inbox-event-done"><time>{}</time> '
                 "<strong>Completed</strong> on attempt {}</li>",
-                _when(message.processed_at),
+                when_text(message.processed_at),
                 message.attempts,
             )
         )
@@ -175,7 +166,7 @@ def timeline(message: InboxMessage, *, errors: bool = True) -> SafeString:
             format_html(
                 '<li class="inbox-event"><strong>Attempt {} running</strong>, lease until {}</li>',
                 message.attempts,
-                _when(message.locked_until),
+                when_text(message.locked_until),
             )
         )
     return format_html(

@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from ..admin.columns import error_type as kind_of_error
 from ..admin.columns import when_html, when_text
 from ..admin.render import status_badge
 from ..conf import inbox_settings
@@ -119,7 +120,7 @@ class DisplayMixin:
         the payload."""
         if row.status == Status.PENDING and row.next_attempt_at is None:
             return "held: an earlier message of its key is not sent yet"
-        return row.last_error.split(":", 1)[0].strip()
+        return kind_of_error(row.last_error)
 
     @admin.display(description="timeline")
     def timeline_redacted(self, row: OutboxMessage) -> SafeString:
